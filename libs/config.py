@@ -1,0 +1,153 @@
+"""One typed settings object, read once at start and passed in.
+
+Values come from the environment (``MNEMESH_*``, plus the conventional
+``REDIS_URL``, ``DATABASE_URL``, ``QDRANT_URL`` and ``OTEL_EXPORTER_OTLP_ENDPOINT``)
+and from an optional TOML file named by ``MNEMESH_CONFIG``. The environment wins.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+__all__ = ["SERVICES", "ConfigError", "ServicePorts", "Settings", "load_settings"]
+
+
+class ServicePorts:
+    """Fixed default ports of one service (overridable per setting)."""
+
+    def __init__(self, grpc: int, metrics: int) -> None:
+        self.grpc, self.metrics = grpc, metrics
+
+
+SERVICES: dict[str, ServicePorts] = {
+    "memory-writer": ServicePorts(50051, 9101),
+    "retriever": ServicePorts(50052, 9102),
+    "tool-gateway": ServicePorts(50053, 9103),
+    "adapter": ServicePorts(50054, 9104),
+    "orchestrator": ServicePorts(50055, 9105),
+}
+
+
+class ConfigError(Exception):
+    """A setting is invalid or missing; the message names it and says what to do."""
+
+
+def _env(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MNEMESH_", extra="ignore", populate_by_name=True)
+
+    data_dir: Path = Path(".mnemesh")
+    host: str = "127.0.0.1"
+
+    # Infrastructure: unset means "embedded" under data_dir (see mnemesh/infra.py).
+    redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", "MNEMESH_REDIS_URL"))
+    database_url: str | None = Field(None, validation_alias=_env("DATABASE_URL", "MNEMESH_DATABASE_URL"))
+    qdrant_url: str | None = Field(None, validation_alias=_env("QDRANT_URL", "MNEMESH_QDRANT_URL"))
+    embedded_redis_port: int = Field(16379, ge=1, le=65535)
+    embedded_postgres_port: int = Field(15432, ge=1, le=65535)
+
+    # Auth: HS256 with a shared secret for development, RS256 (JWKS or PEM) for production.
+    auth_enabled: bool = True
+    jwt_algorithm: Literal["HS256", "RS256"] = "HS256"
+    jwt_secret: SecretStr = SecretStr("mnemesh-dev-secret-change-me-0123456789")
+    jwt_jwks_url: str | None = None
+    jwt_public_key_file: Path | None = None
+    jwt_issuer: str = "mnemesh"
+    jwt_audience: str = "mnemesh"
+
+    # Telemetry.
+    otlp_endpoint: str | None = Field(
+        None, validation_alias=_env("OTEL_EXPORTER_OTLP_ENDPOINT", "MNEMESH_OTLP_ENDPOINT")
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_enabled: bool = True
+
+    # Ports; defaults in SERVICES.
+    memory_writer_grpc_port: int = Field(SERVICES["memory-writer"].grpc, ge=1, le=65535)
+    retriever_grpc_port: int = Field(SERVICES["retriever"].grpc, ge=1, le=65535)
+    tool_gateway_grpc_port: int = Field(SERVICES["tool-gateway"].grpc, ge=1, le=65535)
+    adapter_grpc_port: int = Field(SERVICES["adapter"].grpc, ge=1, le=65535)
+    orchestrator_grpc_port: int = Field(SERVICES["orchestrator"].grpc, ge=1, le=65535)
+    memory_writer_metrics_port: int = Field(SERVICES["memory-writer"].metrics, ge=0, le=65535)
+    retriever_metrics_port: int = Field(SERVICES["retriever"].metrics, ge=0, le=65535)
+    tool_gateway_metrics_port: int = Field(SERVICES["tool-gateway"].metrics, ge=0, le=65535)
+    adapter_metrics_port: int = Field(SERVICES["adapter"].metrics, ge=0, le=65535)
+    orchestrator_metrics_port: int = Field(SERVICES["orchestrator"].metrics, ge=0, le=65535)
+    mcp_http_port: int = Field(8765, ge=1, le=65535)
+
+    # Streams.
+    stream_max_deliveries: int = Field(5, ge=1, description="deliveries before a message is dead-lettered")
+    stream_min_idle_ms: int = Field(30_000, ge=100, description="idle time before a pending entry is reclaimed")
+    stream_maxlen: int = Field(100_000, ge=1000, description="approximate length streams are trimmed to")
+    outbox_poll_seconds: float = Field(0.5, gt=0)
+
+    shutdown_grace_seconds: float = Field(5.0, ge=0, le=8)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _pg_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql://")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("MNEMESH_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    def grpc_port(self, service: str) -> int:
+        return getattr(self, f"{service.replace('-', '_')}_grpc_port")
+
+    def metrics_port(self, service: str) -> int:
+        return getattr(self, f"{service.replace('-', '_')}_metrics_port")
+
+
+def _setting_name(loc: tuple[object, ...]) -> str:
+    field = str(loc[0]) if loc else "?"
+    if field.isupper():  # an alias such as REDIS_URL
+        return field
+    return f"MNEMESH_{field.upper()}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings once; raise ConfigError naming each bad setting."""
+    config_file = os.environ.get("MNEMESH_CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError(f"MNEMESH_CONFIG points to {config_file!r}, which is not a file: fix or unset it")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = [
+            f"{_setting_name(err['loc'])}={err.get('input')!r}: {err['msg']}" for err in exc.errors()
+        ]
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

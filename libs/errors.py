@@ -1,0 +1,47 @@
+"""Structured, semantic errors: {error_type, field, reason, retryable, hint}.
+
+Domain code raises these; each entry point maps them to its own surface (gRPC
+rich status details, MCP tool errors, dead-letter reasons, CLI messages).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = ["Conflict", "DomainError", "NotFound", "PermissionDenied", "Unauthenticated", "ValidationFailed"]
+
+
+class DomainError(Exception):
+    error_type: ClassVar[str] = "error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, reason: str, *, field: str = "", hint: str = "", retryable: bool | None = None) -> None:
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.field, self.reason, self.hint = field, reason, hint
+        if retryable is not None:
+            self.retryable = retryable
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error_type": self.error_type, "field": self.field, "reason": self.reason,
+                "retryable": self.retryable, "hint": self.hint}
+
+
+class ValidationFailed(DomainError):
+    error_type = "validation"
+
+
+class NotFound(DomainError):
+    error_type = "not_found"
+
+
+class Conflict(DomainError):
+    error_type = "conflict"
+    retryable = True
+
+
+class Unauthenticated(DomainError):
+    error_type = "unauthenticated"
+
+
+class PermissionDenied(DomainError):
+    error_type = "permission_denied"

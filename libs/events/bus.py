@@ -1,0 +1,182 @@
+"""Redis Streams bus on FastStream: consumer groups, explicit acks, reclaim, dead letters.
+
+Events travel as plain stream fields (see Envelope.to_fields), so any producer
+can publish with a plain XADD. Each subscription runs two FastStream subscribers
+in one consumer group:
+
+- a reader (XREADGROUP '>') for new entries;
+- a claimer (XAUTOCLAIM, ``min_idle_time``) that takes entries left pending by a
+  consumer that died or failed, so they are retried elsewhere.
+
+Acks are manual. An entry is acknowledged after its handler succeeded, or after
+it went to the dead-letter stream ``<stream>.dead`` with its reason: at once when
+it is malformed (retrying cannot help), after ``max_deliveries`` when its handler
+keeps failing. Nothing kills the consumer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from faststream import AckPolicy
+from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from libs.errors import DomainError
+from libs.events.envelope import Envelope, MalformedEvent
+from libs.events.schema import dead_letter_stream
+from libs.logs import get_logger
+from libs.telemetry import extract, tracer
+
+__all__ = ["EventBus", "Handler"]
+
+log = get_logger(__name__)
+Handler = Callable[[Envelope], Awaitable[None]]
+_FIELDS_KEY = b"__data__"
+
+
+async def _fields_parser(msg: dict[str, Any], original: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
+    """Hand the entry's raw fields to FastStream as one JSON body, whatever bytes they hold.
+
+    FastStream's own decoder chokes on non-UTF-8 values or on fields named
+    ``data``/``headers``; a poison entry must still reach our handler to be
+    dead-lettered, so we decode here and never let the parser fail.
+    """
+    raw: dict[bytes, bytes] = msg.get("data") or {}
+    fields, undecodable = {}, []
+    for key, value in raw.items():
+        name = key.decode("utf-8", "replace")
+        try:
+            fields[name] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            fields[name] = value.decode("utf-8", "replace")
+            undecodable.append(name)
+    body = json.dumps({"fields": fields, "undecodable": undecodable}).encode()
+    return await original({**msg, "data": {_FIELDS_KEY: body}})
+
+
+class EventBus:
+    """Publish envelopes and subscribe handlers; one per service process."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        consumer_name: str,
+        max_deliveries: int = 5,
+        min_idle_ms: int = 30_000,
+        maxlen: int = 100_000,
+    ) -> None:
+        self.broker = RedisBroker(redis_url, graceful_timeout=5, log_level=10)
+        self.consumer_name = consumer_name
+        self.max_deliveries = max_deliveries
+        self.min_idle_ms = min_idle_ms
+        self.maxlen = maxlen
+        self._subscriptions: list[tuple[str, str]] = []
+
+    async def redis(self) -> Redis:
+        return await self.broker.connect()
+
+    async def publish(self, envelope: Envelope, stream: str | None = None) -> str:
+        """XADD the envelope to its stream (or `stream`); return the entry id."""
+        target = stream or envelope.stream
+        with tracer().start_as_current_span(f"publish {target}", kind=SpanKind.PRODUCER,
+                                            context=extract({"traceparent": envelope.traceparent})) as span:
+            span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
+                                 "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
+            entry_id = await (await self.redis()).xadd(target, envelope.to_fields(), maxlen=self.maxlen,
+                                                      approximate=True)
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    def subscribe(self, stream: str, group: str, handler: Handler) -> None:
+        """Register `handler` for `stream` in consumer group `group`; call before start()."""
+
+        async def deliver(body: dict[str, Any], msg: RedisStreamMessage) -> None:
+            await self._deliver(stream, group, handler, body, msg)
+
+        for extra in ({}, {"min_idle_time": self.min_idle_ms}):
+            sub = self.broker.subscriber(
+                stream=StreamSub(stream, group=group, consumer=self.consumer_name, **extra),
+                ack_policy=AckPolicy.MANUAL,
+                parser=_fields_parser,
+            )
+            sub(deliver)
+        self._subscriptions.append((stream, group))
+
+    async def start(self) -> None:
+        redis = await self.redis()
+        for stream, group in self._subscriptions:
+            # Create groups at the start of the stream, so events published before the
+            # first consumer ever ran are still delivered.
+            try:
+                await redis.xgroup_create(stream, group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+
+    async def _deliver(
+        self, stream: str, group: str, handler: Handler, body: dict[str, Any], msg: RedisStreamMessage
+    ) -> None:
+        entry_id = msg.raw_message["message_ids"][0]
+        entry_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        fields: dict[str, str] = body.get("fields", {})
+        try:
+            if body.get("undecodable"):
+                raise MalformedEvent(field=body["undecodable"][0], reason="is not valid UTF-8",
+                                     hint="publish every field as UTF-8 text")
+            envelope = Envelope.from_fields(fields)
+        except MalformedEvent as exc:
+            await self._dead_letter(stream, group, entry_id, fields, exc.to_dict(), deliveries=1)
+            await msg.ack()
+            return
+
+        with tracer().start_as_current_span(
+            f"consume {stream}", kind=SpanKind.CONSUMER, context=extract({"traceparent": envelope.traceparent})
+        ) as span:
+            span.set_attributes({"messaging.system": "redis", "messaging.destination.name": stream,
+                                 "messaging.consumer.group.name": group, "messaging.message.id": entry_id,
+                                 "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
+            try:
+                await handler(envelope)
+            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                deliveries = await msg.get_delivery_count()
+                log.exception("event handler failed", stream=stream, group=group, entry_id=entry_id,
+                              event_id=envelope.event_id, deliveries=deliveries)
+                if deliveries >= self.max_deliveries:
+                    reason = exc.to_dict() if isinstance(exc, DomainError) else {
+                        "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc),
+                        "retryable": False, "hint": "fix the handler or the event, then replay it from the dead-letter stream",
+                    }
+                    await self._dead_letter(stream, group, entry_id, fields, reason, deliveries)
+                    await msg.ack()
+                # else: left pending; the claimer retries it after min_idle_time
+                return
+        await msg.ack()
+
+    async def _dead_letter(
+        self, stream: str, group: str, entry_id: str, fields: dict[str, str], reason: dict[str, object],
+        deliveries: int,
+    ) -> None:
+        dead = {
+            **{f"original.{k}": v for k, v in fields.items()},
+            "dead.stream": stream,
+            "dead.entry_id": entry_id,
+            "dead.group": group,
+            "dead.deliveries": str(deliveries),
+            "dead.failed_at": datetime.now(UTC).isoformat(),
+            "dead.reason": json.dumps(reason, ensure_ascii=False),
+        }
+        await (await self.redis()).xadd(dead_letter_stream(stream), dead, maxlen=self.maxlen, approximate=True)
+        log.warning("event dead-lettered", stream=stream, group=group, entry_id=entry_id, **reason)

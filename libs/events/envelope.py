@@ -1,0 +1,143 @@
+"""The event envelope: identity, type, schema version, tenant, time, causality, trace.
+
+On a Redis stream the envelope's fields are the entry's string fields, with the
+payload as proto3 JSON, so any producer can write one with a plain XADD.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from libs.errors import DomainError
+from libs.events.schema import EVENT_TYPES, EventType
+from libs.telemetry import current_traceparent
+
+__all__ = ["Envelope", "MalformedEvent"]
+
+_REQUIRED = ("event_id", "event_type", "schema_version", "tenant_id", "occurred_at", "payload")
+
+
+class MalformedEvent(DomainError):
+    """A stream entry that can never be handled; it goes to the dead-letter stream."""
+
+    error_type = "malformed_event"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    event_type: str
+    tenant_id: str
+    payload: str  # proto3 JSON
+    event_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    schema_version: int = 1
+    occurred_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    correlation_id: str = ""
+    causation_id: str = ""
+    traceparent: str = ""
+
+    @classmethod
+    def wrap(
+        cls,
+        message: Message,
+        *,
+        event_type: str,
+        tenant_id: str,
+        causation: Envelope | None = None,
+        correlation_id: str = "",
+    ) -> Envelope:
+        """Build an envelope for `message`, caused by `causation` when given, in the current trace."""
+        spec = EVENT_TYPES[event_type]
+        if not isinstance(message, spec.message):
+            raise TypeError(f"{event_type} carries {spec.message.__name__}, not {type(message).__name__}")
+        event_id = str(uuid.uuid4())
+        return cls(
+            event_type=event_type,
+            tenant_id=tenant_id,
+            payload=json_format.MessageToJson(message, indent=None),
+            event_id=event_id,
+            schema_version=spec.version,
+            correlation_id=correlation_id or (causation.correlation_id if causation else "") or event_id,
+            causation_id=causation.event_id if causation else "",
+            traceparent=current_traceparent(),
+        )
+
+    @property
+    def spec(self) -> EventType:
+        return EVENT_TYPES[self.event_type]
+
+    @property
+    def stream(self) -> str:
+        return self.spec.stream
+
+    def message(self) -> Message:
+        """The typed payload; MalformedEvent when it does not parse."""
+        try:
+            return json_format.Parse(self.payload, self.spec.message())
+        except json_format.ParseError as exc:
+            raise MalformedEvent(
+                field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
+                hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
+            ) from None
+
+    def to_fields(self) -> dict[str, str]:
+        return {
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "schema_version": str(self.schema_version),
+            "tenant_id": self.tenant_id,
+            "occurred_at": self.occurred_at.isoformat(),
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "traceparent": self.traceparent,
+            "payload": self.payload,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Envelope:
+        """Parse stream entry fields, naming the first bad field."""
+        for name in _REQUIRED:
+            if not fields.get(name):
+                raise MalformedEvent(field=name, reason="is missing or empty",
+                                     hint=f"every event needs the fields {', '.join(_REQUIRED)}")
+        event_type = fields["event_type"]
+        if event_type not in EVENT_TYPES:
+            raise MalformedEvent(field="event_type", reason=f"unknown event type {event_type!r}",
+                                 hint=f"use one of {', '.join(sorted(EVENT_TYPES))}")
+        try:
+            version = int(fields["schema_version"])
+        except ValueError:
+            raise MalformedEvent(field="schema_version", reason="must be an integer") from None
+        if version != EVENT_TYPES[event_type].version:
+            raise MalformedEvent(field="schema_version",
+                                 reason=f"version {version} of {event_type} is not supported",
+                                 hint=f"publish version {EVENT_TYPES[event_type].version}")
+        try:
+            occurred_at = datetime.fromisoformat(fields["occurred_at"])
+        except ValueError:
+            raise MalformedEvent(field="occurred_at", reason="must be an ISO 8601 timestamp") from None
+        try:
+            uuid.UUID(fields["event_id"])
+        except ValueError:
+            raise MalformedEvent(field="event_id", reason="must be a UUID") from None
+        envelope = cls(
+            event_type=event_type,
+            tenant_id=fields["tenant_id"],
+            payload=fields["payload"],
+            event_id=fields["event_id"],
+            schema_version=version,
+            occurred_at=occurred_at if occurred_at.tzinfo else occurred_at.replace(tzinfo=UTC),
+            correlation_id=fields.get("correlation_id", ""),
+            causation_id=fields.get("causation_id", ""),
+            traceparent=fields.get("traceparent", ""),
+        )
+        envelope.message()  # validate the payload now, not deep inside a handler
+        return envelope
+
+    def with_traceparent(self, traceparent: str) -> Envelope:
+        return replace(self, traceparent=traceparent)

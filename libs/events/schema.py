@@ -1,0 +1,79 @@
+"""The one table of stream event types: stream, type string, version, payload message.
+
+Producers, consumers and the AsyncAPI generator all read this table; the payload
+messages themselves are defined once, in proto/mnemesh/v1/events.proto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from libs.protogen.mnemesh.v1 import events_pb2
+
+__all__ = ["EVENT_TYPES", "STREAMS", "EventType", "Stream", "dead_letter_stream", "event_type"]
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    owner: str  # the one service that writes it
+    description: str
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    version: int
+    stream: str
+    message: type[Message]
+    description: str
+
+
+MEMORY_COMMANDS = "mnemesh.memory.commands"
+MEMORY_EVENTS = "mnemesh.memory.events"
+MEMORY_ACCESS = "mnemesh.memory.access"
+TOOL_EVENTS = "mnemesh.tool.events"
+SESSION_EVENTS = "mnemesh.session.events"
+
+STREAMS: dict[str, Stream] = {
+    s.name: s
+    for s in [
+        Stream(MEMORY_COMMANDS, "producers", "Write commands from event producers to the memory-writer."),
+        Stream(MEMORY_EVENTS, "memory-writer", "Memories written, corrected, expired or forgotten."),
+        Stream(MEMORY_ACCESS, "retriever", "Batched memory accesses that update engagement."),
+        Stream(TOOL_EVENTS, "tool-gateway", "Tool registrations and calls; feeds procedural memory."),
+        Stream(SESSION_EVENTS, "orchestrator", "Session events, mirrored from the session event store."),
+    ]
+}
+
+EVENT_TYPES: dict[str, EventType] = {
+    t.name: t
+    for t in [
+        EventType("memory.write_requested", 1, MEMORY_COMMANDS, events_pb2.WriteMemoryCommand,
+                  "Ask the memory-writer to write one memory (same pipeline as gRPC Write)."),
+        EventType("memory.written", 1, MEMORY_EVENTS, events_pb2.MemoryWritten,
+                  "A memory was validated and persisted."),
+        EventType("memory.forgotten", 1, MEMORY_EVENTS, events_pb2.MemoryForgotten,
+                  "Memories were removed (forget, expiry or crypto-shredding)."),
+        EventType("memory.accessed", 1, MEMORY_ACCESS, events_pb2.MemoryAccessed,
+                  "Memories were returned by a search."),
+        EventType("tool.registered", 1, TOOL_EVENTS, events_pb2.ToolRegistered,
+                  "A tool (version) was added to the registry."),
+        EventType("tool.called", 1, TOOL_EVENTS, events_pb2.ToolCalled,
+                  "A tool call finished, with its outcome and latency."),
+        EventType("session.message_appended", 1, SESSION_EVENTS, events_pb2.SessionMessageAppended,
+                  "A user or assistant message was appended to a session."),
+        EventType("session.state_changed", 1, SESSION_EVENTS, events_pb2.SessionStateChanged,
+                  "A session's state machine moved."),
+    ]
+}
+
+
+def event_type(name: str) -> EventType:
+    return EVENT_TYPES[name]
+
+
+def dead_letter_stream(stream: str) -> str:
+    return f"{stream}.dead"

@@ -1,0 +1,181 @@
+"""PostgreSQL event store: optimistic appends and gap-safe catch-up subscriptions.
+
+Per-stream versions are gapless and unique: an append names the version it
+expects, and a concurrent writer gets ``Conflict``, never a silent overwrite.
+
+The global order is ``(transaction_id, position)``. A catch-up reader only reads
+events whose writing transaction is older than the oldest transaction still
+running (``pg_snapshot_xmin``), so an event whose transaction took an earlier
+position but commits later is never skipped: the reader waits at the fence
+until that transaction has committed or aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg import AsyncConnection, errors, sql
+from psycopg.rows import dict_row
+
+from libs.db import Database
+from libs.errors import Conflict
+from libs.events import Envelope
+
+__all__ = ["ANY_VERSION", "Checkpoint", "EventStore", "StoredEvent"]
+
+ANY_VERSION = -1
+_COLUMNS = ("position, transaction_id::text AS transaction_id, stream_id, version, event_id::text AS event_id,"
+            " event_type, schema_version, tenant_id, payload, metadata, occurred_at")
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """Where a catch-up reader stands in the global order."""
+
+    transaction_id: int = 0
+    position: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id}:{self.position}"
+
+    @classmethod
+    def parse(cls, text: str) -> Checkpoint:
+        tx, _, pos = text.partition(":")
+        return cls(int(tx), int(pos))
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    stream_id: str
+    version: int
+    checkpoint: Checkpoint
+    envelope: Envelope
+
+    @classmethod
+    def from_row(cls, row: dict) -> StoredEvent:
+        meta = row["metadata"]
+        envelope = Envelope(
+            event_type=row["event_type"], tenant_id=row["tenant_id"], payload=row["payload"],
+            event_id=row["event_id"], schema_version=row["schema_version"], occurred_at=row["occurred_at"],
+            correlation_id=meta.get("correlation_id", ""), causation_id=meta.get("causation_id", ""),
+            traceparent=meta.get("traceparent", ""),
+        )
+        return cls(row["stream_id"], row["version"], Checkpoint(int(row["transaction_id"]), row["position"]),
+                   envelope)
+
+
+class EventStore:
+    """The event store of one service schema; `channel` is its NOTIFY channel."""
+
+    def __init__(self, db: Database, *, poll_seconds: float = 0.5) -> None:
+        self.db = db
+        self.channel = f"mnemesh_events_{db.schema}"
+        self.poll_seconds = poll_seconds
+
+    async def append(
+        self, conn: AsyncConnection, stream_id: str, expected_version: int, envelopes: Sequence[Envelope]
+    ) -> int:
+        """Append inside the caller's transaction; return the stream's new version.
+
+        `expected_version` is the version the writer saw (0: the stream must not
+        exist yet) or ANY_VERSION. Raises Conflict when another writer got there first.
+        """
+        if not envelopes:
+            raise ValueError("append needs at least one event")
+        if expected_version == ANY_VERSION:
+            # Serialise "append anywhere" writers of one stream; exact-version writers need no lock.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"stream:{stream_id}"])
+        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", [stream_id])
+        current = (await cur.fetchone())[0]
+        if expected_version != ANY_VERSION and current != expected_version:
+            raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
+                           field="expected_version", hint="read the stream again and retry on the new version")
+        rows = [
+            (stream_id, current + i, e.event_id, e.event_type, e.schema_version, e.tenant_id, e.payload,
+             json.dumps({"correlation_id": e.correlation_id, "causation_id": e.causation_id,
+                         "traceparent": e.traceparent}), e.occurred_at)
+            for i, e in enumerate(envelopes, start=1)
+        ]
+        try:
+            async with conn.transaction():  # a savepoint: a conflict leaves the caller's transaction usable
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        "INSERT INTO events (stream_id, version, event_id, event_type, schema_version, tenant_id,"
+                        " payload, metadata, occurred_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        rows,
+                    )
+        except errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "events_event_id_key":
+                raise Conflict("an event with this event_id is already stored", field="event_id",
+                               retryable=False, hint="event ids are unique; this append was already done") from None
+            raise Conflict(f"stream {stream_id} moved past version {current} while appending",
+                           field="expected_version", hint="read the stream again and retry") from None
+        await conn.execute("SELECT pg_notify(%s, %s)", [self.channel, stream_id])
+        return current + len(envelopes)
+
+    async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        async with self.db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                f"SELECT {_COLUMNS} FROM events WHERE stream_id = %s AND version > %s ORDER BY version LIMIT %s",
+                [stream_id, after_version, limit],
+            )
+            return [StoredEvent.from_row(r) for r in await cur.fetchall()]
+
+    async def read_all(self, after: Checkpoint = Checkpoint(), limit: int = 1000) -> list[StoredEvent]:
+        """Events after `after` in global order, stopping at the oldest running transaction."""
+        async with self.db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                f"SELECT {_COLUMNS} FROM events"
+                " WHERE (transaction_id, position) > (%s::text::xid8, %s)"
+                "   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
+                " ORDER BY transaction_id, position LIMIT %s",
+                [str(after.transaction_id), after.position, limit],
+            )
+            return [StoredEvent.from_row(r) for r in await cur.fetchall()]
+
+    async def current_version(self, stream_id: str) -> int:
+        async with self.db.connection() as conn:
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s",
+                                     [stream_id])
+            return (await cur.fetchone())[0]
+
+    async def subscribe_all(self, after: Checkpoint = Checkpoint()) -> AsyncIterator[StoredEvent]:
+        """Catch up from `after`, then follow live; never skips, never repeats."""
+        checkpoint = after
+        async for _ in self._wakeups():
+            while batch := await self.read_all(checkpoint):
+                for event in batch:
+                    checkpoint = event.checkpoint
+                    yield event
+
+    async def subscribe_stream(self, stream_id: str, after_version: int = 0) -> AsyncIterator[StoredEvent]:
+        """Catch up one stream from `after_version`, then follow it live."""
+        version = after_version
+        async for _ in self._wakeups():
+            while batch := await self.read_stream(stream_id, version):
+                for event in batch:
+                    version = event.version
+                    yield event
+
+    async def _wakeups(self) -> AsyncIterator[None]:
+        """Yield once now, then on every NOTIFY, or every poll interval at the latest.
+
+        The poll matters: an event held back by the fence is announced before it
+        becomes readable.
+        """
+        conn = await self.db.listen_connection()
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            yield None
+            while True:
+                async for _ in conn.notifies(timeout=self.poll_seconds, stop_after=1):
+                    pass
+                yield None
+        finally:
+            await asyncio.shield(conn.close())

@@ -1,0 +1,78 @@
+"""OpenTelemetry traces and metrics, and trace context carried across hops.
+
+Traces go to an OTLP endpoint when one is configured; metrics are always served
+in Prometheus format on the service's metrics port (and pushed over OTLP too
+when configured). ``inject``/``extract`` carry the W3C ``traceparent`` through
+gRPC metadata and stream event headers, so one trace spans gRPC -> stream ->
+consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+__all__ = ["current_traceparent", "extract", "inject", "setup_telemetry", "tracer"]
+
+_configured = False
+
+
+def setup_telemetry(
+    service: str,
+    *,
+    otlp_endpoint: str | None = None,
+    metrics_port: int = 0,
+    host: str = "127.0.0.1",
+    span_exporter: SpanExporter | None = None,
+) -> None:
+    """Install the global tracer and meter providers once per process."""
+    global _configured
+    if _configured:
+        return
+    resource = Resource.create({"service.name": f"mnemesh-{service}", "service.namespace": "mnemesh"})
+    provider = TracerProvider(resource=resource)
+    if span_exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+    trace.set_tracer_provider(provider)
+
+    readers: list[MetricReader] = []
+    if metrics_port:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=host)
+        readers.append(PrometheusMetricReader())
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=otlp_endpoint, insecure=True)))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    _configured = True
+
+
+def tracer(name: str = "mnemesh") -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def inject(carrier: MutableMapping[str, str], context: Context | None = None) -> MutableMapping[str, str]:
+    propagate.inject(carrier, context=context)
+    return carrier
+
+
+def extract(carrier: Mapping[str, str]) -> Context:
+    return propagate.extract(carrier)
+
+
+def current_traceparent() -> str:
+    return inject({}).get("traceparent", "")

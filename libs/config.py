@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", "MNEMESH_REDIS_URL"))
     database_url: str | None = Field(None, validation_alias=_env("DATABASE_URL", "MNEMESH_DATABASE_URL"))
     qdrant_url: str | None = Field(None, validation_alias=_env("QDRANT_URL", "MNEMESH_QDRANT_URL"))
+    hnsw_m: int = Field(16, ge=4, le=128, description="HNSW graph degree of the vector index")
+    hnsw_ef_construct: int = Field(100, ge=4, le=1000, description="HNSW build-time candidate list size")
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
     embedded_postgres_port: int = Field(15432, ge=1, le=65535)
 
@@ -87,6 +89,8 @@ class Settings(BaseSettings):
     adapter_metrics_port: int = Field(SERVICES["adapter"].metrics, ge=0, le=65535)
     orchestrator_metrics_port: int = Field(SERVICES["orchestrator"].metrics, ge=0, le=65535)
     mcp_http_port: int = Field(8765, ge=1, le=65535)
+
+    adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")
 
     # Streams.
     stream_max_deliveries: int = Field(5, ge=1, description="deliveries before a message is dead-lettered")

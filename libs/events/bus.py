@@ -17,6 +17,7 @@ keeps failing. Nothing kills the consumer.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -73,7 +74,8 @@ class EventBus:
         min_idle_ms: int = 30_000,
         maxlen: int = 100_000,
     ) -> None:
-        self.broker = RedisBroker(redis_url, graceful_timeout=5, log_level=10)
+        self.broker = RedisBroker(redis_url, graceful_timeout=5, logger=logging.getLogger("mnemesh.bus"),
+                                  log_level=logging.DEBUG)
         self.consumer_name = consumer_name
         self.max_deliveries = max_deliveries
         self.min_idle_ms = min_idle_ms
@@ -152,6 +154,11 @@ class EventBus:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 deliveries = await msg.get_delivery_count()
+                if isinstance(exc, DomainError) and not exc.retryable:
+                    # The event itself is wrong (e.g. a command that fails validation): retrying cannot help.
+                    await self._dead_letter(stream, group, entry_id, fields, exc.to_dict(), deliveries)
+                    await msg.ack()
+                    return
                 log.exception("event handler failed", stream=stream, group=group, entry_id=entry_id,
                               event_id=envelope.event_id, deliveries=deliveries)
                 if deliveries >= self.max_deliveries:

@@ -1,0 +1,59 @@
+# The verbs a newcomer types. Each sets itself up first (virtualenv, install, protos).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check asyncapi bench lint clean
+
+help:
+	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
+	@echo "make test   - run every test (unit, integration, e2e)"
+	@echo "make bench  - run the benchmarks against their baselines"
+	@echo "make proto  - regenerate libs/protogen from proto/"
+	@echo "make clean  - remove the virtualenv and the data folder"
+
+$(BIN)/python:
+	@echo "==> creating the virtualenv in $(VENV)"
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python requirements.lock requirements-dev.lock pyproject.toml
+	@echo "==> installing pinned dependencies (first time: a few minutes)"
+	$(BIN)/pip install --quiet --progress-bar off -r requirements.lock -r requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/mnemesh run
+
+test: setup
+	$(BIN)/python scripts/test_infra.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(BIN)/python scripts/test_infra.py -- $(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+proto: setup
+	$(BIN)/python scripts/gen_protos.py
+	$(BIN)/mnemesh asyncapi -o docs/asyncapi.json
+
+proto-check: setup
+	$(BIN)/python scripts/gen_protos.py --check
+
+bench: setup
+	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus'
+
+lock:
+	@echo "refresh requirements.lock / requirements-dev.lock from a clean virtualenv: see CONTRIBUTING in README.md"
+
+clean:
+	rm -rf $(VENV) .mnemesh .pytest_cache

@@ -1,0 +1,87 @@
+"""JWT authentication: HS256 with a shared secret for development, RS256 for production.
+
+Claims: ``sub`` (who), ``tenant`` (whose data), ``scope`` (space-separated) or
+``scopes`` (a list). Errors say exactly what is wrong with the token.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+
+from libs.config import Settings
+from libs.errors import Unauthenticated
+
+__all__ = ["Principal", "TokenVerifier", "current_principal", "issue_token"]
+
+
+@dataclass(frozen=True)
+class Principal:
+    subject: str
+    tenant_id: str
+    scopes: frozenset[str]
+
+    def has_scope(self, scope: str) -> bool:
+        """`memory:write` is granted by itself, by `memory:*` or by `*`."""
+        prefix = scope.split(":", 1)[0]
+        return bool({scope, f"{prefix}:*", "*"} & self.scopes)
+
+
+current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("principal", default=None)
+
+
+def issue_token(
+    settings: Settings, *, subject: str, tenant_id: str, scopes: list[str], ttl_seconds: int = 3600
+) -> str:
+    """A development token signed with the HS256 secret (`mnemesh token` prints one)."""
+    now = int(time.time())
+    claims = {"sub": subject, "tenant": tenant_id, "scope": " ".join(scopes), "iat": now,
+              "exp": now + ttl_seconds, "iss": settings.jwt_issuer, "aud": settings.jwt_audience}
+    return jwt.encode(claims, settings.jwt_secret.get_secret_value(), algorithm="HS256")
+
+
+class TokenVerifier:
+    def __init__(self, settings: Settings) -> None:
+        self.algorithm = settings.jwt_algorithm
+        self.issuer, self.audience = settings.jwt_issuer, settings.jwt_audience
+        self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
+        if self.algorithm == "HS256":
+            self._key: object = settings.jwt_secret.get_secret_value()
+        elif settings.jwt_public_key_file:
+            self._key = Path(settings.jwt_public_key_file).read_text()
+        elif self._jwks is None:
+            raise ValueError("MNEMESH_JWT_ALGORITHM=RS256 needs MNEMESH_JWT_JWKS_URL or MNEMESH_JWT_PUBLIC_KEY_FILE")
+
+    def verify(self, token: str | None) -> Principal:
+        """The principal of a bearer token; Unauthenticated with the precise reason otherwise.
+
+        With a JWKS URL this may fetch keys (blocking, cached): call it off the event loop.
+        """
+        if not token:
+            raise Unauthenticated("no bearer token", field="authorization",
+                                  hint="send the metadata 'authorization: Bearer <jwt>' (`mnemesh token` makes one)")
+        try:
+            key = self._jwks.get_signing_key_from_jwt(token).key if self._jwks else self._key
+            claims = jwt.decode(token, key, algorithms=[self.algorithm], issuer=self.issuer, audience=self.audience,
+                                options={"require": ["sub", "exp", "tenant"]})
+        except jwt.ExpiredSignatureError:
+            raise Unauthenticated("the token has expired", field="authorization",
+                                  hint="get a fresh token and retry") from None
+        except jwt.InvalidSignatureError:
+            raise Unauthenticated("the token signature does not verify", field="authorization",
+                                  hint="use a token signed by this deployment's issuer key") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise Unauthenticated(f"the token lacks the claim {exc.claim!r}", field="authorization",
+                                  hint="tokens need sub, exp and tenant claims") from None
+        except (jwt.InvalidIssuerError, jwt.InvalidAudienceError) as exc:
+            raise Unauthenticated(f"the token is not for this service: {exc}", field="authorization",
+                                  hint=f"issue it with iss={self.issuer!r} and aud={self.audience!r}") from None
+        except (jwt.PyJWTError, ValueError) as exc:
+            raise Unauthenticated(f"the token is not a valid JWT: {exc}", field="authorization",
+                                  hint="send a JWT signed with " + self.algorithm) from None
+        raw = claims.get("scopes") or claims.get("scope", "").split()
+        return Principal(subject=str(claims["sub"]), tenant_id=str(claims["tenant"]), scopes=frozenset(raw))

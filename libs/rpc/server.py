@@ -1,0 +1,71 @@
+"""gRPC server bootstrap on grpc.aio: health, reflection, the call pipeline, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from libs.auth import TokenVerifier
+from libs.logs import get_logger
+from libs.rpc.interceptors import CallPipeline
+
+__all__ = ["GrpcServer", "PortInUse", "Registration"]
+
+log = get_logger(__name__)
+
+
+class PortInUse(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One gRPC service: the generated `add_XServicer_to_server`, the servicer, its full name, its scopes."""
+
+    add: Callable[[object, grpc.aio.Server], None]
+    servicer: object
+    name: str  # e.g. "mnemesh.v1.MemoryWriter"
+    scopes: Mapping[str, str]  # method name -> scope, e.g. {"Write": "memory:write"}
+
+
+class GrpcServer:
+    def __init__(self, host: str, port: int, registrations: list[Registration],
+                 verifier: TokenVerifier | None) -> None:
+        self.address = f"{host}:{port}"
+        self.registrations = registrations
+        method_scopes = {f"/{r.name}/{m}": s for r in registrations for m, s in r.scopes.items()}
+        # so_reuseport off: a second process on the same port must fail, not share it silently.
+        self.server = grpc.aio.server(interceptors=[CallPipeline(verifier, method_scopes)],
+                                      options=[("grpc.so_reuseport", 0)])
+        self.health = health.aio.HealthServicer()
+
+    async def start(self) -> None:
+        for r in self.registrations:
+            r.add(r.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [r.name for r in self.registrations]
+        reflection.enable_server_reflection(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server,
+        )
+        try:
+            self.server.add_insecure_port(self.address)
+        except RuntimeError as exc:
+            raise PortInUse(f"cannot listen on {self.address}: {exc}; is another copy running? "
+                            "stop it or set the service's MNEMESH_*_GRPC_PORT") from None
+        await self.server.start()
+        for name in ["", *names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("grpc serving", address=self.address, services=names)
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING first (load balancers drain), then let in-flight calls finish within `grace`."""
+        await self.health.enter_graceful_shutdown()
+        if grace:
+            await asyncio.sleep(min(0.5, grace))
+        await self.server.stop(grace)

@@ -1,0 +1,58 @@
+"""Domain errors <-> gRPC status with rich details (google.rpc.Status + ErrorDetail)."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from libs.errors import DomainError
+from libs.protogen.mnemesh.v1 import common_pb2
+
+__all__ = ["CODES", "error_detail", "status_for"]
+
+CODES: dict[str, grpc.StatusCode] = {
+    "validation": grpc.StatusCode.INVALID_ARGUMENT,
+    "malformed_event": grpc.StatusCode.INVALID_ARGUMENT,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "conflict": grpc.StatusCode.ABORTED,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "internal": grpc.StatusCode.INTERNAL,
+}
+
+
+def _pack(message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def status_for(error: DomainError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(code, message, trailing metadata carrying the rich status) for `error`."""
+    code = CODES.get(error.error_type, grpc.StatusCode.FAILED_PRECONDITION)
+    detail = common_pb2.ErrorDetail(error_type=error.error_type, field=error.field, reason=error.reason,
+                                    retryable=error.retryable, hint=error.hint)
+    details = [_pack(detail)]
+    if error.field and code == grpc.StatusCode.INVALID_ARGUMENT:
+        details.append(_pack(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=error.field, description=error.reason)])))
+    message = f"{error.field}: {error.reason}" if error.field else error.reason
+    if error.hint:
+        message += f" ({error.hint})"
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
+    return code, message, (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+def error_detail(exc: grpc.RpcError) -> common_pb2.ErrorDetail | None:
+    """The ErrorDetail a Mnemesh service attached to a failed call, if any."""
+    status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
+    for packed in status.details if status else []:
+        if packed.Is(common_pb2.ErrorDetail.DESCRIPTOR):
+            detail = common_pb2.ErrorDetail()
+            packed.Unpack(detail)
+            return detail
+    return None

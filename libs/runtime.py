@@ -1,0 +1,150 @@
+"""The life of one service process: wire, start, serve, stop gracefully.
+
+A service's bootstrap receives a ServiceContext with the shared ports already
+connected (database pinned to its schema, event bus, outbox, event store) and
+adds its gRPC servicers, stream handlers and background tasks. ``run_service``
+does the rest: migrations, start order, signals, and the reverse stop order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import psycopg
+import redis.asyncio
+import redis.exceptions
+
+from libs.auth import TokenVerifier
+from libs.config import ConfigError, Settings
+from libs.db import Database, apply_migrations, load_migrations
+from libs.eventstore import EventStore
+from libs.events.bus import EventBus
+from libs.idempotency import TransactionalHandler, idempotent
+from libs.logs import configure_logging, get_logger
+from libs.outbox import Outbox, OutboxRelay
+from libs.rpc import GrpcServer, Registration
+from libs.telemetry import setup_telemetry
+
+__all__ = ["InfrastructureError", "ServiceContext", "check_infrastructure", "run_service"]
+
+log = get_logger(__name__)
+
+
+class InfrastructureError(Exception):
+    """Redis, PostgreSQL or Qdrant is missing or unreachable; the message says what to set."""
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    settings: Settings
+    db: Database
+    bus: EventBus
+    outbox: Outbox
+    event_store: EventStore
+    registrations: list[Registration] = field(default_factory=list)
+    tasks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def group(self) -> str:
+        return self.name
+
+    def add_grpc(self, registration: Registration) -> None:
+        self.registrations.append(registration)
+
+    def subscribe(self, stream: str, handler: TransactionalHandler) -> None:
+        """Consume `stream` in this service's group; `handler` runs once per event id, in a transaction."""
+        self.bus.subscribe(stream, self.group, idempotent(self.db, self.group, handler))
+
+
+async def check_infrastructure(settings: Settings) -> None:
+    """Fail fast, naming what is missing and how to provide it."""
+    if not settings.redis_url:
+        raise InfrastructureError("REDIS_URL is not set: point it at Redis (e.g. redis://127.0.0.1:6379/0), "
+                                  "or start the whole mesh with `mnemesh run`, which starts an embedded one")
+    if not settings.database_url:
+        raise InfrastructureError("DATABASE_URL is not set: point it at PostgreSQL (e.g. "
+                                  "postgresql://postgres@127.0.0.1:5432/mnemesh), or use `mnemesh run`")
+    client = redis.asyncio.from_url(settings.redis_url)
+    try:
+        await client.ping()
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise InfrastructureError(f"cannot reach Redis at {settings.redis_url}: {exc}; start it or fix REDIS_URL") \
+            from None
+    finally:
+        await client.aclose()
+    try:
+        conn = await psycopg.AsyncConnection.connect(settings.database_url, connect_timeout=5)
+        await conn.close()
+    except psycopg.OperationalError as exc:
+        raise InfrastructureError(f"cannot reach PostgreSQL at {settings.database_url}: {str(exc).strip()}; "
+                                  "start it or fix DATABASE_URL") from None
+
+
+async def run_service(
+    name: str,
+    settings: Settings,
+    bootstrap: Callable[[ServiceContext], Awaitable[None]],
+    *,
+    migrations_package: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run service `name` until SIGTERM/SIGINT (or until `stop` is set)."""
+    configure_logging(name, settings.log_level)
+    setup_telemetry(name, otlp_endpoint=settings.otlp_endpoint, host=settings.host,
+                    metrics_port=settings.metrics_port(name) if settings.metrics_enabled else 0)
+    await check_infrastructure(settings)
+    schema = name.replace("-", "_")
+    migrations = load_migrations(*([migrations_package] if migrations_package else []))
+    await apply_migrations(settings.database_url, schema, migrations)
+    try:
+        verifier = TokenVerifier(settings) if settings.auth_enabled else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+    db = Database(settings.database_url, schema)
+    await db.open()
+    bus = EventBus(settings.redis_url, consumer_name=f"{name}-{socket.gethostname()}-{os.getpid()}",
+                   max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
+                   maxlen=settings.stream_maxlen)
+    outbox = Outbox(db)
+    ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db))
+    await bootstrap(ctx)
+    relay = OutboxRelay(outbox, bus, poll_seconds=settings.outbox_poll_seconds)
+    ctx.tasks.append(relay.run)
+
+    server = GrpcServer(settings.host, settings.grpc_port(name), ctx.registrations, verifier)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks: list[asyncio.Task] = []
+    try:
+        await bus.start()
+        tasks = [asyncio.create_task(task(), name=f"{name}:{task.__qualname__}") for task in ctx.tasks]
+        await server.start()
+        log.info("service started", grpc=server.address)
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception():
+                raise task.exception()
+        log.info("service stopping")
+    finally:
+        await server.stop(settings.shutdown_grace_seconds)
+        await bus.stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for close in reversed(ctx.closers):
+            await close()
+        await db.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        log.info("service stopped")

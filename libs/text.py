@@ -1,0 +1,45 @@
+"""Tokenisation that works for Chinese and English alike.
+
+Latin-script words are lower-cased and kept whole; CJK text has no spaces, so it
+becomes single characters plus overlapping bigrams, which is what keyword
+matching and BM25 over Chinese need without a dictionary.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["is_cjk", "tokenize"]
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def is_cjk(char: str) -> bool:
+    code = ord(char)
+    return (0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2A6DF
+            or 0xF900 <= code <= 0xFAFF or 0x3040 <= code <= 0x30FF or 0xAC00 <= code <= 0xD7AF)
+
+
+def tokenize(text: str) -> list[str]:
+    """Terms in order of appearance (duplicates kept)."""
+    terms: list[str] = []
+    for word in _WORD.findall(unicodedata.normalize("NFKC", text).lower()):
+        run: list[str] = []
+        latin: list[str] = []
+        for char in word + " ":
+            if char != " " and is_cjk(char):
+                if latin:
+                    terms.append("".join(latin))
+                    latin = []
+                run.append(char)
+                continue
+            if run:
+                terms.extend(run)
+                terms.extend(a + b for a, b in zip(run, run[1:], strict=False))
+                run = []
+            if char != " ":
+                latin.append(char)
+        if latin:
+            terms.append("".join(latin))
+    return terms

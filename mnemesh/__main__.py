@@ -1,0 +1,5 @@
+import sys
+
+from mnemesh.cli import main
+
+sys.exit(main())

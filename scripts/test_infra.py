@@ -1,0 +1,79 @@
+"""Run a command with REDIS_URL and DATABASE_URL pointing at real servers.
+
+    python scripts/test_infra.py -- <command...>
+
+Uses REDIS_URL / DATABASE_URL when set; otherwise the servers on this machine when
+they answer on their default ports (127.0.0.1:6379, 127.0.0.1:5432 as `postgres`);
+otherwise starts embedded ones (the same as `mnemesh run`) under .mnemesh/test and
+stops them afterwards. The command's exit code is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import redis
+
+from libs.config import load_settings
+from mnemesh.infra import start_infrastructure
+
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+TEST_DATABASE = "mnemesh_test"
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except (redis.RedisError, OSError):
+        return False
+
+
+def _postgres_test_db(admin_url: str) -> str | None:
+    """Create the test database on a local server if needed; its URL, or None when no server answers."""
+    try:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=2) as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [TEST_DATABASE]).fetchone():
+                conn.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
+    except psycopg.OperationalError:
+        return None
+    return admin_url.rsplit("/", 1)[0] + f"/{TEST_DATABASE}"
+
+
+async def main(command: list[str]) -> int:
+    env = dict(os.environ)
+    if not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
+        env["REDIS_URL"] = LOCAL_REDIS
+    if not env.get("DATABASE_URL"):
+        local = _postgres_test_db(LOCAL_POSTGRES)
+        if local:
+            env["DATABASE_URL"] = local
+    infra = None
+    if not env.get("REDIS_URL") or not env.get("DATABASE_URL"):
+        print("test infrastructure: starting embedded servers for what is not configured", flush=True)
+        settings = load_settings(redis_url=env.get("REDIS_URL"), database_url=env.get("DATABASE_URL"),
+                                 data_dir=Path(".mnemesh/test"), embedded_redis_port=16479,
+                                 embedded_postgres_port=15532)
+        infra = await start_infrastructure(settings)
+        env.update(infra.env())
+    print(f"test infrastructure: Redis {env['REDIS_URL']}, PostgreSQL {env['DATABASE_URL']}", flush=True)
+    try:
+        proc = await asyncio.create_subprocess_exec(*command, env=env)
+        return await proc.wait()
+    finally:
+        if infra:
+            infra.stop()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.exit(__doc__)
+    sys.exit(asyncio.run(main(args)))

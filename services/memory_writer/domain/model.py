@@ -1,0 +1,139 @@
+"""Memories as the write side sees them, and the rules a write must pass. No I/O here."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import IntEnum
+
+from libs.errors import ValidationFailed
+
+__all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "WriteMemory", "WriteResult", "new_memory"]
+
+MAX_CONTENT_CHARS = 16_000
+MAX_TAGS = 32
+WEAK_TTL = timedelta(hours=24)
+
+
+class Layer(IntEnum):  # values mirror mnemesh.v1.MemoryLayer
+    SESSION = 1
+    STEP = 2
+    ENTITY = 3
+    SHORT_TERM = 4
+    LONG_TERM = 5
+    PROCEDURAL = 6
+
+
+class Source(IntEnum):  # values mirror mnemesh.v1.SourceKind
+    AUTHORITATIVE_API = 1
+    USER_STATEMENT = 2
+    MODEL_INFERENCE = 3
+    THIRD_PARTY = 4
+
+
+class Confidence(IntEnum):  # values mirror mnemesh.v1.Confidence
+    L1_STRONG = 1
+    L2_MEDIUM = 2
+    L3_WEAK = 3
+
+
+_DEFAULT_CONFIDENCE = {
+    Source.AUTHORITATIVE_API: Confidence.L1_STRONG,
+    Source.USER_STATEMENT: Confidence.L1_STRONG,
+    Source.MODEL_INFERENCE: Confidence.L2_MEDIUM,
+    Source.THIRD_PARTY: Confidence.L3_WEAK,
+}
+
+
+@dataclass(frozen=True)
+class WriteMemory:
+    """Write one memory (from gRPC Write or the memory commands stream)."""
+
+    tenant_id: str
+    user_id: str
+    session_id: str
+    layer: int
+    source: int
+    content: str
+    key: str = ""
+    confidence: int = 0
+    tags: tuple[str, ...] = ()
+    derived_from: tuple[str, ...] = ()
+    step_id: str = ""
+    expires_at: datetime | None = None
+    idempotency_key: str = ""
+    attributes: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    memory_id: str
+    tenant_id: str
+    user_id: str
+    session_id: str
+    layer: Layer
+    source: Source
+    content: str
+    key: str
+    confidence: Confidence
+    tags: tuple[str, ...]
+    derived_from: tuple[str, ...]
+    step_id: str
+    created_at: datetime
+    expires_at: datetime | None
+    idempotency_key: str
+    attributes: dict
+    engagement: float = 0.0
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    memory_id: str
+    duplicate: bool
+    version: int
+
+
+def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(m.name for m in kind)
+        raise ValidationFailed(f"must be one of {names}", field=field_name,
+                               hint=f"set {field_name} to a known value") from None
+
+
+def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
+    """Validate `cmd` and build the record; ValidationFailed names the first bad field."""
+    now = now or datetime.now(UTC)
+    if not cmd.tenant_id.strip():
+        raise ValidationFailed("is required", field="tenant.tenant_id", hint="say whose memory this is")
+    if not cmd.user_id.strip():
+        raise ValidationFailed("is required", field="tenant.user_id", hint="say which user the memory belongs to")
+    layer = _enum(Layer, cmd.layer, "layer")
+    source = _enum(Source, cmd.source, "source")
+    content = cmd.content.strip()
+    if not content:
+        raise ValidationFailed("must not be empty", field="content", hint="send the text to remember")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise ValidationFailed(f"is {len(content)} characters; the limit is {MAX_CONTENT_CHARS}", field="content",
+                               hint="split it, or store it as a step result and reference it")
+    if layer is Layer.STEP and not cmd.step_id:
+        raise ValidationFailed("is required for the step layer", field="step_id",
+                               hint="give each tool result its unique step_id")
+    if layer is Layer.ENTITY and not cmd.key:
+        raise ValidationFailed("is required for the entity layer", field="key", hint="e.g. user.phone")
+    if len(cmd.tags) > MAX_TAGS or any(not t or len(t) > 64 for t in cmd.tags):
+        raise ValidationFailed(f"at most {MAX_TAGS} tags of 1 to 64 characters", field="tags")
+    confidence = _enum(Confidence, cmd.confidence, "confidence") if cmd.confidence else _DEFAULT_CONFIDENCE[source]
+    expires_at = cmd.expires_at
+    if expires_at is not None and expires_at <= now:
+        raise ValidationFailed("is in the past", field="expires_at", hint="leave it empty for no expiry")
+    if confidence is Confidence.L3_WEAK and expires_at is None:
+        expires_at = now + WEAK_TTL  # weak memories are advisory and short-lived by default
+    return MemoryRecord(
+        memory_id=str(uuid.uuid4()), tenant_id=cmd.tenant_id, user_id=cmd.user_id, session_id=cmd.session_id,
+        layer=layer, source=source, content=content, key=cmd.key, confidence=confidence, tags=tuple(cmd.tags),
+        derived_from=tuple(cmd.derived_from), step_id=cmd.step_id, created_at=now, expires_at=expires_at,
+        idempotency_key=cmd.idempotency_key, attributes=dict(cmd.attributes),
+    )

@@ -1,0 +1,60 @@
+"""Memory-writer handlers: plain functions, one command in, one unit of work, a result out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libs.errors import NotFound
+from services.memory_writer.domain import (
+    MemoryForgotten, MemoryRecord, MemoryWritten, WriteMemory, WriteResult, new_memory,
+)
+from services.memory_writer.service_layer.unit_of_work import ANY_VERSION, UnitOfWork
+
+__all__ = ["ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
+
+
+async def write_memory(cmd: WriteMemory, uow: UnitOfWork) -> WriteResult:
+    record = new_memory(cmd)
+    async with uow:
+        if cmd.idempotency_key:
+            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
+            if existing:
+                return WriteResult(existing.memory_id, duplicate=True, version=1)
+        await uow.add(record)
+        version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
+    return WriteResult(record.memory_id, duplicate=False, version=version)
+
+
+@dataclass(frozen=True)
+class GetMemory:
+    tenant_id: str
+    memory_id: str
+
+
+async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> MemoryRecord:
+    async with uow:
+        record = await uow.get(cmd.tenant_id, cmd.memory_id)
+    if record is None:
+        raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+                       hint="check the id; forgotten and expired memories are gone")
+    return record
+
+
+@dataclass(frozen=True)
+class ForgetMemory:
+    tenant_id: str
+    user_id: str
+    memory_id: str = ""
+
+
+async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
+    """Forget one memory, or every memory of the user when no id is given."""
+    async with uow:
+        ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
+        removed = await uow.delete(cmd.tenant_id, ids)
+        if removed:
+            ids = removed
+            stream = f"memory-{cmd.memory_id}" if cmd.memory_id else f"memory-user-{cmd.tenant_id}-{cmd.user_id}"
+            await uow.record(stream, ANY_VERSION,
+                             MemoryForgotten(cmd.tenant_id, cmd.user_id, tuple(ids), "forget requested"))
+    return len(removed)

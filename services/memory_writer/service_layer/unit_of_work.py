@@ -1,0 +1,33 @@
+"""The port the handlers write through: one transaction for the row, its event and its outbox entry."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.memory_writer.domain import DomainEvent, MemoryRecord
+
+__all__ = ["ANY_VERSION", "UnitOfWork", "UnitOfWorkFactory"]
+
+ANY_VERSION = -1
+
+
+class UnitOfWork(Protocol):
+    """Used as `async with uow:`; commits when the block ends cleanly, rolls back otherwise."""
+
+    async def __aenter__(self) -> UnitOfWork: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None: ...
+    async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None: ...
+    async def add(self, record: MemoryRecord) -> None: ...
+    async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
+        """Delete what exists of `memory_ids`; return the ids deleted."""
+        ...
+    async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]: ...
+    async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
+        """Append `event` to the event store and the outbox in this unit's transaction; return the version."""
+        ...
+
+
+class UnitOfWorkFactory(Protocol):
+    def __call__(self) -> UnitOfWork: ...

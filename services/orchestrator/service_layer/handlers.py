@@ -1,0 +1,78 @@
+"""Orchestrator handlers.
+
+The conflict rule for devices: the first append for a version wins. A device that
+sent with an older version gets a conflict naming the current version; it
+catches up (Subscribe from its last version) and sends again, so no message is
+lost and every replica converges on the same order. A resend with the same
+idempotency key is recognised and not applied twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from libs.errors import Conflict, ValidationFailed
+from services.orchestrator.domain import Session, Versioned
+from services.orchestrator.service_layer.ports import SessionRepository
+
+__all__ = ["SendMessage", "follow", "get_session", "send_message"]
+
+ANY_VERSION = -1
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    tenant_id: str
+    user_id: str
+    session_id: str
+    device_id: str
+    text: str
+    expected_version: int = ANY_VERSION
+    idempotency_key: str = ""
+
+
+def _check_ids(tenant_id: str, session_id: str) -> None:
+    if not tenant_id:
+        raise ValidationFailed("is required", field="tenant.tenant_id")
+    if not session_id or len(session_id) > 128:
+        raise ValidationFailed("is required (at most 128 characters)", field="session_id")
+
+
+async def send_message(cmd: SendMessage, sessions: SessionRepository) -> Session:
+    _check_ids(cmd.tenant_id, cmd.session_id)
+    if cmd.expected_version < ANY_VERSION:
+        raise ValidationFailed("must be -1 (any) or the last version the device saw", field="expected_version")
+    session = Session.replay(cmd.tenant_id, cmd.session_id, await sessions.history(cmd.tenant_id, cmd.session_id))
+    if cmd.expected_version not in (ANY_VERSION, session.version):
+        raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
+                       field="expected_version",
+                       hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
+    event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{cmd.tenant_id}/{cmd.session_id}/{cmd.idempotency_key}")) \
+        if cmd.idempotency_key else str(uuid.uuid4())
+    events = session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
+    try:
+        session.version = await sessions.append(cmd.tenant_id, cmd.session_id, session.version, events)
+    except Conflict as exc:
+        if exc.field == "event_id":  # the same idempotency key was applied before: answer as then
+            return Session.replay(cmd.tenant_id, cmd.session_id,
+                                  await sessions.history(cmd.tenant_id, cmd.session_id))
+        raise
+    for event in events:
+        session.apply(event)
+    return session
+
+
+async def get_session(tenant_id: str, session_id: str, sessions: SessionRepository) -> Session:
+    _check_ids(tenant_id, session_id)
+    return Session.replay(tenant_id, session_id, await sessions.history(tenant_id, session_id))
+
+
+async def follow(tenant_id: str, session_id: str, from_version: int,
+                 sessions: SessionRepository) -> AsyncIterator[Versioned]:
+    _check_ids(tenant_id, session_id)
+    if from_version < 0:
+        raise ValidationFailed("must be 0 or more", field="from_version")
+    async for item in sessions.follow(tenant_id, session_id, from_version):
+        yield item

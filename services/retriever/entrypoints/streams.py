@@ -1,0 +1,25 @@
+"""Memory events -> the retriever's projection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from psycopg import AsyncConnection
+
+from libs.events import Envelope
+from services.retriever.adapters.mapping import document_from_proto
+from services.retriever.service_layer import handlers
+from services.retriever.service_layer.ports import DocumentStore, VectorIndex
+
+__all__ = ["on_memory_event"]
+
+
+def on_memory_event(store_in: Callable[[AsyncConnection], DocumentStore], index: VectorIndex):
+    async def handle(envelope: Envelope, conn: AsyncConnection) -> None:
+        message = envelope.message()
+        if envelope.event_type == "memory.written":
+            await handlers.index_document(document_from_proto(message.memory), store_in(conn))
+        elif envelope.event_type == "memory.forgotten":
+            await handlers.forget_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn), index)
+
+    return handle

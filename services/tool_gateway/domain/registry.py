@@ -1,0 +1,72 @@
+"""Tool specs and the rules a registration must pass. No I/O here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from libs.errors import ValidationFailed
+
+__all__ = ["ToolSpec", "validate_spec"]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict
+    output_schema: dict = field(default_factory=dict)
+    version: str = "1.0.0"
+    scopes: tuple[str, ...] = ()
+    timeout_seconds: float = 10.0
+    retries: int = 0
+    fallback: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    examples: tuple[dict, ...] = ()
+    backend: str = ""
+
+
+def _check_schema(schema: dict, field_name: str) -> None:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise ValidationFailed(f"is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""),
+                               field=field_name, hint="fix the schema; see json-schema.org draft 2020-12") from None
+    if schema.get("type", "object") != "object":
+        raise ValidationFailed("must describe an object (type: object)", field=field_name,
+                               hint="tool arguments and results are JSON objects")
+
+
+def validate_spec(spec: ToolSpec) -> ToolSpec:
+    """Refuse a spec that is incomplete, or whose examples do not validate against its own schema."""
+    if not _NAME.match(spec.name):
+        raise ValidationFailed("must be lower_snake_case words separated by dots, e.g. crm.get_customer",
+                               field="name")
+    if not _VERSION.match(spec.version or ""):
+        raise ValidationFailed("must be MAJOR.MINOR.PATCH, e.g. 1.2.0", field="version")
+    if len(spec.description.strip()) < 10:
+        raise ValidationFailed("must say in a sentence what the tool does (10 characters at least)",
+                               field="description", hint="agents choose tools by their descriptions")
+    if not 0 < spec.timeout_seconds <= 600:
+        raise ValidationFailed("must be between 0 and 600 seconds", field="timeout_seconds")
+    if not 0 <= spec.retries <= 5:
+        raise ValidationFailed("must be between 0 and 5", field="retries")
+    _check_schema(spec.input_schema, "input_schema")
+    if spec.output_schema:
+        _check_schema(spec.output_schema, "output_schema")
+    validator = Draft202012Validator(spec.input_schema)
+    for i, example in enumerate(spec.examples):
+        errors = sorted(validator.iter_errors(example.get("arguments", example)), key=lambda e: list(e.path))
+        if errors:
+            err = errors[0]
+            where = "/".join(str(p) for p in err.path) or "(root)"
+            raise ValidationFailed(f"does not validate against input_schema at {where}: {err.message}",
+                                   field=f"examples[{i}]", hint="fix the example or the schema")
+    return spec

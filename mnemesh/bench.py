@@ -1,0 +1,99 @@
+"""`mnemesh bench NAME`: the benchmarks of the foundation; services add theirs to BENCHMARKS.
+
+- eventstore: EventStore.append (expected-version check, NOTIFY) vs a plain INSERT of the same row.
+- bus: EventBus.publish (envelope, span, XADD with trim) vs a raw XADD of the same fields.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+
+from psycopg import sql
+
+from libs.bench import Case, report, run_case
+from libs.config import Settings
+from libs.db import Database, apply_migrations, load_migrations
+from libs.events import Envelope
+from libs.events.bus import EventBus
+from libs.eventstore import EventStore
+from libs.logs import configure_logging
+from libs.protogen.mnemesh.v1 import events_pb2
+
+__all__ = ["BENCHMARKS", "run_benchmark"]
+
+
+def _envelope(i: int) -> Envelope:
+    message = events_pb2.SessionMessageAppended(device_id="bench", role="user", text=f"message {i} 你好")
+    return Envelope.wrap(message, event_type="session.message_appended", tenant_id="bench")
+
+
+async def bench_eventstore(settings: Settings, repetitions: int, warmup: int) -> list[dict]:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    await apply_migrations(settings.database_url, schema, load_migrations())
+    db = Database(settings.database_url, schema, max_size=2)
+    await db.open()
+    store = EventStore(db)
+    try:
+        async with db.connection() as conn:
+            await conn.execute("CREATE TABLE plain_events (LIKE events INCLUDING DEFAULTS INCLUDING IDENTITY)")
+            await conn.commit()
+
+        async def candidate(i: int) -> None:
+            async with db.connection() as conn, conn.transaction():
+                await store.append(conn, f"s-{i % 50}", -1, [_envelope(i)])
+
+        async def baseline(i: int) -> None:
+            e = _envelope(i)
+            async with db.connection() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO plain_events (stream_id, version, event_id, event_type, schema_version, tenant_id,"
+                    " payload, occurred_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    [f"s-{i % 50}", i, e.event_id, e.event_type, 1, e.tenant_id, e.payload, e.occurred_at])
+
+        return [await run_case(Case("append 1 event", candidate, baseline,
+                                    "EventStore.append vs plain INSERT, one transaction each"),
+                               repetitions=repetitions, warmup=warmup)]
+    finally:
+        async with db.connection() as conn:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        await db.close()
+
+
+async def bench_bus(settings: Settings, repetitions: int, warmup: int) -> list[dict]:
+    bus = EventBus(settings.redis_url, consumer_name="bench", maxlen=settings.stream_maxlen)
+    stream = f"bench.{uuid.uuid4().hex[:8]}"
+    redis = await bus.redis()
+    try:
+        async def candidate(i: int) -> None:
+            await bus.publish(_envelope(i), stream=stream)
+
+        async def baseline(i: int) -> None:
+            await redis.xadd(stream + ".raw", _envelope(i).to_fields())
+
+        return [await run_case(Case("publish 1 event", candidate, baseline, "EventBus.publish vs raw XADD"),
+                               repetitions=repetitions, warmup=warmup)]
+    finally:
+        await redis.delete(stream, stream + ".raw")
+        await bus.stop()
+
+
+BENCHMARKS: dict[str, Callable[[Settings, int, int], Awaitable[list[dict]]]] = {
+    "eventstore": bench_eventstore,
+    "bus": bench_bus,
+}
+
+
+async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int) -> int:
+    if name == "list" or name not in BENCHMARKS:
+        print("benchmarks: " + ", ".join(BENCHMARKS), file=sys.stderr if name != "list" else sys.stdout)
+        return 0 if name == "list" else 2
+    missing = [n for n, v in (("REDIS_URL", settings.redis_url), ("DATABASE_URL", settings.database_url)) if not v]
+    if missing:
+        print(f"mnemesh bench {name} needs {' and '.join(missing)}: point them at servers, or use `make bench`, "
+              "which provides them", file=sys.stderr)
+        return 2
+    configure_logging("bench", "warning")
+    report(name, await BENCHMARKS[name](settings, repetitions, warmup))
+    return 0

@@ -1,0 +1,183 @@
+"""The Redis Streams bus against real Redis and PostgreSQL: reclaim, dead letters, idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+import redis.asyncio
+
+from libs.db import Database
+from libs.events import Envelope
+from libs.events.bus import EventBus
+from libs.idempotency import idempotent
+from libs.protogen.mnemesh.v1 import events_pb2
+
+pytestmark = pytest.mark.integration
+
+
+def envelope(text: str, tenant: str = "t1") -> Envelope:
+    return Envelope.wrap(events_pb2.SessionMessageAppended(device_id="d", role="user", text=text),
+                         event_type="session.message_appended", tenant_id=tenant)
+
+
+async def effects(db: Database) -> list[tuple[str, str]]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT event_id::text, handled_by FROM effects ORDER BY handled_by")
+        return await cur.fetchall()
+
+
+@pytest.fixture
+async def effects_table(db: Database) -> Database:
+    async with db.connection() as conn:
+        await conn.execute("CREATE TABLE effects (event_id uuid NOT NULL, handled_by text NOT NULL)")
+    return db
+
+
+async def wait_for(predicate, timeout: float = 20.0, step: float = 0.05):
+    with anyio.fail_after(timeout):
+        while not (result := await predicate()):
+            await anyio.sleep(step)
+    return result
+
+
+async def test_an_entry_left_by_a_killed_consumer_is_reclaimed_and_takes_effect_once(
+    redis_url: str, database_url: str, schema: str, effects_table: Database, streams: str
+) -> None:
+    stream, group = f"{streams}.work", "workers"
+    script = Path(__file__).with_name("consumer_process.py")
+    victim = subprocess.Popen([sys.executable, str(script), redis_url, database_url, schema, stream, group, "victim"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert (await asyncio.to_thread(victim.stdout.readline)).strip() == "ready"
+        publisher = EventBus(redis_url, consumer_name="publisher")
+        sent = envelope("do it once")
+        await publisher.publish(sent, stream=stream)
+        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 20)
+        assert line.strip() == f"handling {sent.event_id}"
+    finally:
+        victim.kill()  # mid-handler: no ack, no commit
+        victim.wait()
+        victim.stdout.close()
+
+    rescuer = EventBus(redis_url, consumer_name="rescuer", min_idle_ms=300)
+
+    async def work(env: Envelope, conn) -> None:
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'rescuer')", [env.event_id])
+
+    rescuer.subscribe(stream, group, idempotent(effects_table, group, work))
+    await rescuer.start()
+    try:
+        rows = await wait_for(lambda: effects(effects_table))
+        client = await rescuer.redis()
+        await wait_for(lambda: _no_pending(client, stream, group))
+    finally:
+        await rescuer.stop()
+        await publisher.stop()
+    assert rows == [(sent.event_id, "rescuer")]  # the victim's uncommitted effect is gone; one effect in all
+
+
+async def _no_pending(client: redis.asyncio.Redis, stream: str, group: str) -> bool:
+    return (await client.xpending(stream, group))["pending"] == 0
+
+
+async def test_a_poison_message_is_dead_lettered_after_n_deliveries_while_others_flow(
+    redis_url: str, effects_table: Database, streams: str
+) -> None:
+    stream, group = f"{streams}.mixed", "g"
+    bus = EventBus(redis_url, consumer_name="c1", max_deliveries=3, min_idle_ms=200)
+
+    async def handle(env: Envelope, conn) -> None:
+        if env.message().text == "poison":
+            raise RuntimeError("cannot digest this")
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+
+    bus.subscribe(stream, group, idempotent(effects_table, group, handle))
+    await bus.start()
+    try:
+        good = [envelope(f"good {i}") for i in range(5)]
+        poison = envelope("poison")
+        await bus.publish(good[0], stream=stream)
+        await bus.publish(poison, stream=stream)
+        for e in good[1:]:
+            await bus.publish(e, stream=stream)
+        client = await bus.redis()
+        dead = await wait_for(lambda: client.xrange(f"{stream}.dead"))
+        await wait_for(lambda: _no_pending(client, stream, group))
+        done = await effects(effects_table)
+    finally:
+        await bus.stop()
+    assert sorted(e for e, _ in done) == sorted(e.event_id for e in good)
+    (_, fields), = dead
+    reason = json.loads(fields[b"dead.reason"])
+    assert fields[b"original.event_id"].decode() == poison.event_id
+    assert fields[b"dead.deliveries"] == b"3"
+    assert reason["error_type"] == "RuntimeError" and "cannot digest this" in reason["reason"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "bad_field"),
+    [
+        ({"hello": "world"}, "event_id"),
+        ({"event_id": "x", "event_type": "nope", "schema_version": "1", "tenant_id": "t", "occurred_at": "2026-01-01",
+          "payload": "{}"}, "event_type"),
+        ({"blob": b"\xff\xfe\x00"}, "blob"),
+        ({"data": "x", "headers": "not a dict"}, "event_id"),
+    ],
+)
+async def test_a_malformed_message_goes_to_the_dead_letter_stream_with_its_reason_and_the_consumer_goes_on(
+    redis_url: str, effects_table: Database, streams: str, fields: dict, bad_field: str
+) -> None:
+    stream, group = f"{streams}.bad", "g"
+    bus = EventBus(redis_url, consumer_name="c1", min_idle_ms=200)
+
+    async def handle(env: Envelope, conn) -> None:
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+
+    bus.subscribe(stream, group, idempotent(effects_table, group, handle))
+    await bus.start()
+    try:
+        client = await bus.redis()
+        await client.xadd(stream, fields)
+        after = envelope("fine")
+        await bus.publish(after, stream=stream)
+        dead = await wait_for(lambda: client.xrange(f"{stream}.dead"))
+        done = await wait_for(lambda: effects(effects_table))
+    finally:
+        await bus.stop()
+    reason = json.loads(dead[0][1][b"dead.reason"])
+    assert reason["error_type"] == "malformed_event" and reason["field"] == bad_field and reason["hint"]
+    assert done == [(after.event_id, "c1")]
+
+
+async def test_a_redelivered_event_takes_effect_once(redis_url: str, effects_table: Database, streams: str) -> None:
+    stream, group = f"{streams}.dup", "g"
+    bus = EventBus(redis_url, consumer_name="c1")
+    handled = asyncio.Event()
+
+    async def handle(env: Envelope, conn) -> None:
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+
+    wrapped = idempotent(effects_table, group, handle)
+
+    async def counting(env: Envelope) -> None:
+        await wrapped(env)
+        handled.set()
+
+    bus.subscribe(stream, group, counting)
+    await bus.start()
+    try:
+        same = envelope("twice")
+        for _ in range(3):
+            handled.clear()
+            await bus.publish(same, stream=stream)  # the same event id, as a republishing relay would
+            with anyio.fail_after(10):
+                await handled.wait()
+    finally:
+        await bus.stop()
+    assert await effects(effects_table) == [(same.event_id, "c1")]

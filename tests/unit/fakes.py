@@ -1,0 +1,210 @@
+"""In-memory fakes behind the service ports, for unit tests through the handlers.
+
+Each fake keeps the contract its real adapter keeps (see the Protocol it
+implements), and nothing more: no I/O, no clocks, no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from libs.errors import Conflict
+from services.memory_writer.domain import DomainEvent, MemoryRecord
+from services.memory_writer.service_layer.unit_of_work import ANY_VERSION
+from services.orchestrator.domain import SessionEvent, Versioned
+from services.retriever.domain import Document, SearchQuery
+from services.tool_gateway.domain import ToolSpec
+
+__all__ = [
+    "FakeDocumentStore", "FakeRegistry", "FakeSessionRepository", "FakeUnitOfWork", "FakeVectorIndex",
+    "MemoryDatabase",
+]
+
+
+# --- memory-writer ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryDatabase:
+    """What the memory-writer's PostgreSQL holds: rows, event streams, and the outbox (events after commit)."""
+
+    rows: dict[str, MemoryRecord] = field(default_factory=dict)
+    streams: dict[str, list[DomainEvent]] = field(default_factory=dict)
+    published: list[tuple[str, DomainEvent]] = field(default_factory=list)
+
+
+class FakeUnitOfWork:
+    """One transaction over a MemoryDatabase: changes are staged and land only on a clean exit.
+
+    `fail_record` makes `record` raise, to exercise the rollback path.
+    """
+
+    def __init__(self, db: MemoryDatabase, *, fail_record: Exception | None = None) -> None:
+        self.db = db
+        self.fail_record = fail_record
+        self.committed = False
+        self.rolled_back = False
+        self.events: list[tuple[str, DomainEvent]] = []  # recorded in this unit, committed or not
+        self._rows: dict[str, MemoryRecord] = {}
+        self._streams: dict[str, list[DomainEvent]] = {}
+
+    async def __aenter__(self) -> FakeUnitOfWork:
+        assert not (self.committed or self.rolled_back), "a unit of work is used for one message only"
+        self._rows = dict(self.db.rows)
+        self._streams = {k: list(v) for k, v in self.db.streams.items()}
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if exc and exc[0] is not None:
+            self.rolled_back = True
+            return
+        self.db.rows, self.db.streams = self._rows, self._streams
+        self.db.published.extend(self.events)
+        self.committed = True
+
+    async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None:
+        return next((r for r in self._rows.values() if r.tenant_id == tenant_id and r.idempotency_key == key), None)
+
+    async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
+        record = self._rows.get(memory_id)
+        return record if record is not None and record.tenant_id == tenant_id else None
+
+    async def add(self, record: MemoryRecord) -> None:
+        assert record.memory_id not in self._rows, "memory ids are unique"
+        self._rows[record.memory_id] = record
+
+    async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
+        removed = [m for m in memory_ids if m in self._rows and self._rows[m].tenant_id == tenant_id]
+        for memory_id in removed:
+            del self._rows[memory_id]
+        return removed
+
+    async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
+        return [r.memory_id for r in self._rows.values() if r.tenant_id == tenant_id and r.user_id == user_id]
+
+    async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
+        if self.fail_record is not None:
+            raise self.fail_record
+        stream = self._streams.setdefault(stream_id, [])
+        if expected_version != ANY_VERSION and len(stream) != expected_version:
+            raise Conflict(f"stream {stream_id} is at version {len(stream)}, not {expected_version}",
+                           field="expected_version")
+        stream.append(event)
+        self.events.append((stream_id, event))
+        return len(stream)
+
+
+# --- retriever ----------------------------------------------------------------------------------------------
+
+
+class FakeDocumentStore:
+    """The document projection. Expiry is left to `rank`, which is given the clock."""
+
+    def __init__(self) -> None:
+        self.documents: dict[str, Document] = {}
+        self.queries: list[tuple[SearchQuery, int]] = []
+
+    async def upsert(self, document: Document) -> None:
+        self.documents[document.memory_id] = document
+
+    async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
+        gone = [m for m in memory_ids if m in self.documents and self.documents[m].tenant_id == tenant_id]
+        for memory_id in gone:
+            del self.documents[memory_id]
+        return len(gone)
+
+    async def candidates(self, query: SearchQuery, limit: int) -> list[Document]:
+        self.queries.append((query, limit))
+        found = [
+            d for d in self.documents.values()
+            if d.tenant_id == query.tenant_id
+            and set(d.terms) & set(query.terms)
+            and (not query.user_id or d.user_id == query.user_id)
+            and (not query.layers or d.layer in query.layers)
+            and set(query.tags) <= set(d.tags)
+            and (query.since is None or d.created_at >= query.since)
+            and (query.until is None or d.created_at < query.until)
+            and (not query.min_confidence or d.confidence <= query.min_confidence)
+        ]
+        return sorted(found, key=lambda d: d.created_at, reverse=True)[:limit]
+
+
+class FakeVectorIndex:
+    def __init__(self) -> None:
+        self.points: dict[str, str] = {}  # memory_id -> tenant_id
+        self.closed = False
+
+    def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
+        for memory_id in memory_ids:
+            if self.points.get(memory_id) == tenant_id:
+                del self.points[memory_id]
+
+    def count(self, tenant_id: str | None = None) -> int:
+        return sum(1 for t in self.points.values() if tenant_id is None or t == tenant_id)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# --- tool-gateway -------------------------------------------------------------------------------------------
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.tools: dict[tuple[str, str], ToolSpec] = {}
+        self.announced: list[ToolSpec] = []  # the tool.registered events
+
+    async def register(self, spec: ToolSpec) -> bool:
+        if (spec.name, spec.version) in self.tools:
+            return False
+        self.tools[spec.name, spec.version] = spec
+        self.announced.append(spec)
+        return True
+
+    async def list(self) -> list[ToolSpec]:
+        order = {(s.name, s.version): i for i, s in enumerate(self.announced)}
+        return sorted(self.tools.values(), key=lambda s: (s.name, -order[s.name, s.version]))
+
+
+# --- orchestrator -------------------------------------------------------------------------------------------
+
+
+class FakeSessionRepository:
+    """An event store of sessions with the real store's append rules:
+    Conflict(field="expected_version") when the stream moved, Conflict(field="event_id") on a repeated id."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[str, str], list[Versioned]] = {}
+        self.event_ids: set[str] = set()
+        self.appends = 0
+        self._changed = asyncio.Condition()
+
+    async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
+        return list(self.streams.get((tenant_id, session_id), []))
+
+    async def append(self, tenant_id: str, session_id: str, expected_version: int,
+                     events: list[SessionEvent]) -> int:
+        stream = self.streams.setdefault((tenant_id, session_id), [])
+        if expected_version != ANY_VERSION and len(stream) != expected_version:
+            raise Conflict(f"stream is at version {len(stream)}, not {expected_version}", field="expected_version")
+        ids = [e.event_id for e in events if e.event_id]
+        if self.event_ids.intersection(ids) or len(set(ids)) != len(ids):
+            raise Conflict("an event with this event_id is already stored", field="event_id", retryable=False)
+        self.event_ids.update(ids)
+        stream.extend(Versioned(len(stream) + i, e) for i, e in enumerate(events, start=1))
+        self.appends += 1
+        async with self._changed:
+            self._changed.notify_all()
+        return len(stream)
+
+    async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
+        seen = after_version
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: len(self.streams.get((tenant_id, session_id), [])) > seen)
+                batch = self.streams[tenant_id, session_id][seen:]
+            for item in batch:
+                seen = item.version
+                yield item

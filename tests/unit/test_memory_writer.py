@@ -1,0 +1,223 @@
+"""The memory-writer's rules and handlers, through a fake unit of work."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fakes import FakeUnitOfWork, MemoryDatabase
+
+from libs.errors import Conflict, NotFound, ValidationFailed
+from services.memory_writer.domain import (
+    Confidence, Layer, MemoryForgotten, MemoryWritten, Source, WriteMemory, new_memory,
+)
+from services.memory_writer.service_layer.handlers import (
+    ForgetMemory, GetMemory, forget, get_memory, write_memory,
+)
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def a_write(**changes) -> WriteMemory:
+    base = WriteMemory(tenant_id="acme", user_id="u1", session_id="s1", layer=Layer.LONG_TERM,
+                       source=Source.USER_STATEMENT, content="prefers tea over coffee")
+    return replace(base, **changes)
+
+
+@pytest.fixture
+def db() -> MemoryDatabase:
+    return MemoryDatabase()
+
+
+# --- new_memory --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("changes", "bad_field"), [
+    ({"tenant_id": "  "}, "tenant.tenant_id"),
+    ({"user_id": ""}, "tenant.user_id"),
+    ({"layer": 0}, "layer"),
+    ({"layer": 99}, "layer"),
+    ({"source": 42}, "source"),
+    ({"content": " \n\t "}, "content"),
+    ({"content": "x" * 16_001}, "content"),
+    ({"layer": Layer.STEP}, "step_id"),
+    ({"layer": Layer.ENTITY}, "key"),
+    ({"tags": tuple(f"t{i}" for i in range(33))}, "tags"),
+    ({"tags": ("ok", "")}, "tags"),
+    ({"tags": ("x" * 65,)}, "tags"),
+    ({"confidence": 7}, "confidence"),
+    ({"expires_at": NOW - timedelta(seconds=1)}, "expires_at"),
+    ({"expires_at": NOW}, "expires_at"),
+])
+def test_a_bad_write_is_refused_naming_the_field(changes: dict, bad_field: str) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        new_memory(a_write(**changes), now=NOW)
+    assert err.value.field == bad_field
+    assert err.value.error_type == "validation"
+
+
+@pytest.mark.parametrize(("source", "confidence"), [
+    (Source.AUTHORITATIVE_API, Confidence.L1_STRONG),
+    (Source.USER_STATEMENT, Confidence.L1_STRONG),
+    (Source.MODEL_INFERENCE, Confidence.L2_MEDIUM),
+    (Source.THIRD_PARTY, Confidence.L3_WEAK),
+])
+def test_a_memory_without_a_confidence_gets_the_default_of_its_source(source: Source,
+                                                                     confidence: Confidence) -> None:
+    assert new_memory(a_write(source=source), now=NOW).confidence is confidence
+
+
+def test_an_explicit_confidence_overrides_the_default_of_the_source() -> None:
+    record = new_memory(a_write(source=Source.THIRD_PARTY, confidence=Confidence.L1_STRONG), now=NOW)
+    assert record.confidence is Confidence.L1_STRONG
+    assert record.expires_at is None
+
+
+def test_a_weak_memory_expires_after_24_hours_by_default() -> None:
+    record = new_memory(a_write(source=Source.MODEL_INFERENCE, confidence=Confidence.L3_WEAK), now=NOW)
+    assert record.expires_at == NOW + timedelta(hours=24)
+
+
+def test_a_weak_memory_keeps_the_expiry_it_was_given() -> None:
+    later = NOW + timedelta(days=3)
+    record = new_memory(a_write(source=Source.THIRD_PARTY, expires_at=later), now=NOW)
+    assert record.expires_at == later
+
+
+def test_a_strong_memory_does_not_expire_by_default() -> None:
+    assert new_memory(a_write(), now=NOW).expires_at is None
+
+
+def test_a_step_memory_with_a_step_id_and_an_entity_memory_with_a_key_are_accepted() -> None:
+    step = new_memory(a_write(layer=Layer.STEP, step_id="step-7"), now=NOW)
+    entity = new_memory(a_write(layer=Layer.ENTITY, key="user.phone"), now=NOW)
+    assert (step.layer, step.step_id) == (Layer.STEP, "step-7")
+    assert (entity.layer, entity.key) == (Layer.ENTITY, "user.phone")
+
+
+def test_content_is_stored_without_surrounding_whitespace_and_stamped_with_now() -> None:
+    record = new_memory(a_write(content="  likes jazz \n"), now=NOW)
+    assert record.content == "likes jazz"
+    assert record.created_at == NOW
+    assert record.layer is Layer.LONG_TERM and record.source is Source.USER_STATEMENT
+
+
+# --- write_memory ------------------------------------------------------------------------------------------
+
+
+async def test_a_write_stores_the_memory_and_records_memory_written_on_its_own_stream(db) -> None:
+    uow = FakeUnitOfWork(db)
+    result = await write_memory(a_write(), uow)
+
+    assert uow.committed and not uow.rolled_back
+    assert not result.duplicate and result.version == 1
+    stored = db.rows[result.memory_id]
+    assert stored.content == "prefers tea over coffee"
+    assert db.published == [(f"memory-{result.memory_id}", MemoryWritten(stored))]
+
+
+async def test_a_later_write_with_the_same_idempotency_key_returns_the_first_memory(db) -> None:
+    first = await write_memory(a_write(idempotency_key="k-1"), FakeUnitOfWork(db))
+    second = await write_memory(a_write(idempotency_key="k-1", content="something else"), FakeUnitOfWork(db))
+
+    assert second.duplicate and second.memory_id == first.memory_id
+    assert list(db.rows) == [first.memory_id]
+    assert db.rows[first.memory_id].content == "prefers tea over coffee"
+    assert len(db.published) == 1
+
+
+async def test_the_same_idempotency_key_in_another_tenant_writes_a_new_memory(db) -> None:
+    first = await write_memory(a_write(idempotency_key="k-1"), FakeUnitOfWork(db))
+    other = await write_memory(a_write(idempotency_key="k-1", tenant_id="globex"), FakeUnitOfWork(db))
+    assert not other.duplicate and other.memory_id != first.memory_id
+
+
+async def test_writes_without_an_idempotency_key_are_never_duplicates(db) -> None:
+    one = await write_memory(a_write(), FakeUnitOfWork(db))
+    two = await write_memory(a_write(), FakeUnitOfWork(db))
+    assert not one.duplicate and not two.duplicate and one.memory_id != two.memory_id
+
+
+async def test_an_invalid_write_touches_nothing(db) -> None:
+    uow = FakeUnitOfWork(db)
+    with pytest.raises(ValidationFailed):
+        await write_memory(a_write(content=""), uow)
+    assert not uow.committed and db.rows == {} and db.published == []
+
+
+async def test_a_write_whose_event_cannot_be_recorded_is_rolled_back_with_its_row(db) -> None:
+    uow = FakeUnitOfWork(db, fail_record=Conflict("stream moved", field="expected_version"))
+    with pytest.raises(Conflict):
+        await write_memory(a_write(), uow)
+    assert uow.rolled_back and not uow.committed
+    assert db.rows == {} and db.published == []
+
+
+# --- get_memory --------------------------------------------------------------------------------------------
+
+
+async def test_a_written_memory_can_be_read_back(db) -> None:
+    result = await write_memory(a_write(), FakeUnitOfWork(db))
+    record = await get_memory(GetMemory("acme", result.memory_id), FakeUnitOfWork(db))
+    assert record.memory_id == result.memory_id and record.user_id == "u1"
+
+
+async def test_reading_an_unknown_memory_is_not_found_naming_memory_id(db) -> None:
+    with pytest.raises(NotFound) as err:
+        await get_memory(GetMemory("acme", "00000000-0000-0000-0000-000000000000"), FakeUnitOfWork(db))
+    assert err.value.field == "memory_id"
+
+
+async def test_reading_another_tenants_memory_is_not_found(db) -> None:
+    theirs = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
+    with pytest.raises(NotFound):
+        await get_memory(GetMemory("acme", theirs.memory_id), FakeUnitOfWork(db))
+
+
+# --- forget ------------------------------------------------------------------------------------------------
+
+
+async def test_forgetting_one_memory_deletes_it_and_records_memory_forgotten(db) -> None:
+    keep = await write_memory(a_write(content="keep me"), FakeUnitOfWork(db))
+    drop = await write_memory(a_write(content="drop me"), FakeUnitOfWork(db))
+    uow = FakeUnitOfWork(db)
+
+    assert await forget(ForgetMemory("acme", "u1", drop.memory_id), uow) == 1
+
+    assert uow.committed
+    assert uow.events == [(f"memory-{drop.memory_id}",
+                           MemoryForgotten("acme", "u1", (drop.memory_id,), "forget requested"))]
+    assert list(db.rows) == [keep.memory_id]
+    with pytest.raises(NotFound):
+        await get_memory(GetMemory("acme", drop.memory_id), FakeUnitOfWork(db))
+
+
+async def test_forgetting_all_of_a_user_deletes_only_that_users_memories(db) -> None:
+    mine = [(await write_memory(a_write(content=f"note {i}"), FakeUnitOfWork(db))).memory_id for i in range(3)]
+    theirs = await write_memory(a_write(user_id="u2"), FakeUnitOfWork(db))
+    other_tenant = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
+    uow = FakeUnitOfWork(db)
+
+    assert await forget(ForgetMemory("acme", "u1"), uow) == 3
+
+    [(stream, event)] = uow.events
+    assert stream == "memory-user-acme-u1"
+    assert isinstance(event, MemoryForgotten)
+    assert (event.tenant_id, event.user_id) == ("acme", "u1")
+    assert sorted(event.memory_ids) == sorted(mine)
+    assert set(db.rows) == {theirs.memory_id, other_tenant.memory_id}
+
+
+async def test_forgetting_a_memory_of_another_tenant_deletes_nothing_and_records_nothing(db) -> None:
+    theirs = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
+    uow = FakeUnitOfWork(db)
+    assert await forget(ForgetMemory("acme", "u1", theirs.memory_id), uow) == 0
+    assert uow.events == []
+    assert theirs.memory_id in db.rows
+
+
+async def test_forgetting_a_user_with_no_memories_records_nothing(db) -> None:
+    uow = FakeUnitOfWork(db)
+    assert await forget(ForgetMemory("acme", "nobody"), uow) == 0
+    assert uow.events == [] and db.published == []

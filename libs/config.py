@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MNEMESH_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Path(".mnemesh")
+    # Lets several meshes share one Redis and one database: prefixes stream names and schemas.
+    namespace: str = Field("", pattern=r"^[a-z0-9_]{0,32}$")
     host: str = "127.0.0.1"
 
     # Infrastructure: unset means "embedded" under data_dir (see mnemesh/infra.py).

@@ -52,6 +52,8 @@ def configure_logging(service: str, level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.INFO))
+    # FastStream narrates every task callback at INFO; its warnings and errors still come through.
+    logging.getLogger("mnemesh.bus").setLevel(max(numeric, logging.WARNING))
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

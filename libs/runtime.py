@@ -100,7 +100,7 @@ async def run_service(
     setup_telemetry(name, otlp_endpoint=settings.otlp_endpoint, host=settings.host,
                     metrics_port=settings.metrics_port(name) if settings.metrics_enabled else 0)
     await check_infrastructure(settings)
-    schema = name.replace("-", "_")
+    schema = "_".join(filter(None, [settings.namespace, name])).replace("-", "_")
     migrations = load_migrations(*([migrations_package] if migrations_package else []))
     await apply_migrations(settings.database_url, schema, migrations)
     try:
@@ -112,7 +112,7 @@ async def run_service(
     await db.open()
     bus = EventBus(settings.redis_url, consumer_name=f"{name}-{socket.gethostname()}-{os.getpid()}",
                    max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
-                   maxlen=settings.stream_maxlen)
+                   maxlen=settings.stream_maxlen, namespace=settings.namespace)
     outbox = Outbox(db)
     ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db))
     await bootstrap(ctx)

@@ -73,6 +73,7 @@ class EventBus:
         max_deliveries: int = 5,
         min_idle_ms: int = 30_000,
         maxlen: int = 100_000,
+        namespace: str = "",
     ) -> None:
         self.broker = RedisBroker(redis_url, graceful_timeout=5, logger=logging.getLogger("mnemesh.bus"),
                                   log_level=logging.DEBUG)
@@ -80,14 +81,19 @@ class EventBus:
         self.max_deliveries = max_deliveries
         self.min_idle_ms = min_idle_ms
         self.maxlen = maxlen
+        self.namespace = namespace
         self._subscriptions: list[tuple[str, str]] = []
+
+    def stream_name(self, stream: str) -> str:
+        """The Redis key of a logical stream, in this bus's namespace."""
+        return f"{self.namespace}.{stream}" if self.namespace else stream
 
     async def redis(self) -> Redis:
         return await self.broker.connect()
 
     async def publish(self, envelope: Envelope, stream: str | None = None) -> str:
         """XADD the envelope to its stream (or `stream`); return the entry id."""
-        target = stream or envelope.stream
+        target = self.stream_name(stream or envelope.stream)
         with tracer().start_as_current_span(f"publish {target}", kind=SpanKind.PRODUCER,
                                             context=extract({"traceparent": envelope.traceparent})) as span:
             span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
@@ -98,6 +104,7 @@ class EventBus:
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:
         """Register `handler` for `stream` in consumer group `group`; call before start()."""
+        stream = self.stream_name(stream)
 
         async def deliver(body: dict[str, Any], msg: RedisStreamMessage) -> None:
             await self._deliver(stream, group, handler, body, msg)

@@ -11,7 +11,7 @@ from libs.telemetry import inject
 __all__ = ["channel"]
 
 
-class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _Metadata:
     def __init__(self, token: Callable[[], str | None]) -> None:
         self.token = token
 
@@ -23,9 +23,15 @@ class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
         return grpc.aio.ClientCallDetails(details.method, details.timeout, grpc.aio.Metadata(*metadata),
                                           details.credentials, details.wait_for_ready)
 
+
+
+# grpc.aio files an interceptor under the first call type it matches, so each type needs its own.
+class _UnaryUnary(_Metadata, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):
         return await continuation(self._details(details), request)
 
+
+class _UnaryStream(_Metadata, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):
         return await continuation(self._details(details), request)
 
@@ -33,4 +39,4 @@ class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
 def channel(target: str, token: str | Callable[[], str | None] | None = None) -> grpc.aio.Channel:
     """An insecure aio channel to `target` that sends `token` and the current traceparent."""
     supplier = token if callable(token) else (lambda: token)
-    return grpc.aio.insecure_channel(target, interceptors=[_Metadata(supplier)])
+    return grpc.aio.insecure_channel(target, interceptors=[_UnaryUnary(supplier), _UnaryStream(supplier)])

@@ -1,0 +1,140 @@
+"""The gRPC call pipeline on a real server: authentication, scopes, tenant isolation, rich errors."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import jwt
+import pytest
+
+from libs.auth import TokenVerifier, issue_token
+from libs.config import Settings, load_settings
+from libs.protogen.mnemesh.v1 import common_pb2, sessions_pb2, sessions_pb2_grpc
+from libs.rpc import GrpcServer, channel, error_detail
+from services.orchestrator.entrypoints import grpc_api
+from services.orchestrator.domain import Versioned
+
+pytestmark = pytest.mark.integration
+
+
+class MemorySessions:
+    """An in-memory session repository: this test is about the pipeline, not storage."""
+
+    def __init__(self) -> None:
+        self.events: dict[tuple[str, str], list[Versioned]] = {}
+
+    async def history(self, tenant_id, session_id):
+        return list(self.events.get((tenant_id, session_id), []))
+
+    async def append(self, tenant_id, session_id, expected_version, events):
+        items = self.events.setdefault((tenant_id, session_id), [])
+        items += [Versioned(len(items) + i + 1, e) for i, e in enumerate(events)]
+        return len(items)
+
+    async def follow(self, tenant_id, session_id, after_version):
+        for item in self.events.get((tenant_id, session_id), []):
+            if item.version > after_version:
+                yield item
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return load_settings(jwt_secret="pipeline-test-secret-0123456789abcdef")
+
+
+@pytest.fixture
+async def address(settings: Settings) -> AsyncIterator[str]:
+    port = free_port()
+    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(MemorySessions())], TokenVerifier(settings))
+    await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+def send(tenant: str = "") -> sessions_pb2.SendRequest:
+    return sessions_pb2.SendRequest(tenant=common_pb2.TenantContext(tenant_id=tenant, user_id="u1"),
+                                    session_id="s1", device_id="web", text="hello", expected_version=-1)
+
+
+async def call(address: str, token: str | None, request=None) -> sessions_pb2.SendResponse:
+    async with channel(address, token) as ch:
+        return await sessions_pb2_grpc.OrchestratorStub(ch).Send(request or send(), timeout=5)
+
+
+async def rejected(address: str, token: str | None, request=None) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(address, token, request)
+    return caught.value
+
+
+async def test_a_call_without_a_token_is_unauthenticated_with_a_hint(address: str) -> None:
+    err = await rejected(address, None)
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "no bearer token" in err.details() and "authorization: Bearer" in err.details()
+    detail = error_detail(err)
+    assert detail.error_type == "unauthenticated" and detail.field == "authorization"
+
+
+async def test_an_expired_token_is_unauthenticated(address: str, settings: Settings) -> None:
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["*"], ttl_seconds=-10)
+    err = await rejected(address, token)
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in err.details()
+
+
+async def test_a_forged_token_is_unauthenticated(address: str) -> None:
+    forged = jwt.encode({"sub": "u1", "tenant": "t1", "scope": "*", "exp": int(time.time()) + 60,
+                         "iss": "mnemesh", "aud": "mnemesh"}, "someone-elses-secret-0123456789abcdef",
+                        algorithm="HS256")
+    err = await rejected(address, forged)
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "signature" in err.details()
+
+
+async def test_a_token_without_the_scope_is_permission_denied(address: str, settings: Settings) -> None:
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["sessions:read"])
+    err = await rejected(address, token)
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "sessions:write" in err.details()
+
+
+async def test_a_request_naming_another_tenant_is_permission_denied(address: str, settings: Settings) -> None:
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["sessions:*"])
+    err = await rejected(address, token, send(tenant="t2"))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error_detail(err).field == "tenant.tenant_id"
+
+
+async def test_a_valid_token_with_the_scope_is_served_under_its_tenant(address: str, settings: Settings) -> None:
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["sessions:write"])
+    reply = await call(address, token)
+    assert reply.version == 1 and reply.state == "IDLE"
+
+
+async def test_invalid_input_gets_invalid_argument_with_the_field_and_a_hint(address: str, settings: Settings) -> None:
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["*"])
+    request = send()
+    request.text = "   "
+    err = await rejected(address, token, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    detail = error_detail(err)
+    assert (detail.error_type, detail.field) == ("validation", "text") and detail.hint
+
+
+async def test_health_and_reflection_need_no_token(address: str) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        listing = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        services = [s.name async for r in listing for s in r.list_services_response.service]
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    assert "mnemesh.v1.Orchestrator" in services and "grpc.health.v1.Health" in services

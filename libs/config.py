@@ -109,6 +109,13 @@ class Settings(BaseSettings):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
+    @field_validator("jwt_secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value().encode()) < 32:
+            raise ValueError("must be at least 32 bytes for HS256 (RFC 7518 section 3.2)")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _pg_scheme(cls, value: str | None) -> str | None:

@@ -209,6 +209,30 @@ async def test_forgetting_all_of_a_user_deletes_only_that_users_memories(db) -> 
     assert set(db.rows) == {theirs.memory_id, other_tenant.memory_id}
 
 
+class RacingUnitOfWork(FakeUnitOfWork):
+    """Another transaction forgets `vanished` between listing the user's memories and deleting them."""
+
+    def __init__(self, db: MemoryDatabase, vanished: str) -> None:
+        super().__init__(db)
+        self.vanished = vanished
+
+    async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
+        ids = await super().ids_of_user(tenant_id, user_id)
+        del self._rows[self.vanished]
+        return ids
+
+
+async def test_forgetting_all_of_a_user_records_only_the_ids_actually_deleted(db) -> None:
+    gone = (await write_memory(a_write(content="gone already"), FakeUnitOfWork(db))).memory_id
+    left = (await write_memory(a_write(content="still here"), FakeUnitOfWork(db))).memory_id
+    uow = RacingUnitOfWork(db, vanished=gone)
+
+    assert await forget(ForgetMemory("acme", "u1"), uow) == 1
+
+    [(_, event)] = uow.events
+    assert event.memory_ids == (left,)
+
+
 async def test_forgetting_a_memory_of_another_tenant_deletes_nothing_and_records_nothing(db) -> None:
     theirs = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
     uow = FakeUnitOfWork(db)

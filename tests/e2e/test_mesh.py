@@ -1,0 +1,144 @@
+"""`mnemesh run` end to end: embedded infrastructure, five services, a real flow, a clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from libs.auth import issue_token
+from libs.config import SERVICES, load_settings
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, tools_pb2, tools_pb2_grpc
+
+pytestmark = pytest.mark.e2e
+BOOT_TIMEOUT = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Mesh:
+    def __init__(self, data_dir: Path) -> None:
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("REDIS_URL", "DATABASE_URL", "QDRANT_URL") and not k.startswith("MNEMESH_")}
+        self.env |= {"MNEMESH_DATA_DIR": str(data_dir), "MNEMESH_JWT_SECRET": "e2e-secret-0123456789abcdefghijklmnop",
+                     "MNEMESH_EMBEDDED_REDIS_PORT": str(free_port()),
+                     "MNEMESH_EMBEDDED_POSTGRES_PORT": str(free_port())}
+        self.ports = {}
+        for name in SERVICES:
+            key = name.upper().replace("-", "_")
+            self.ports[name] = free_port()
+            self.env[f"MNEMESH_{key}_GRPC_PORT"] = str(self.ports[name])
+            self.env[f"MNEMESH_{key}_METRICS_PORT"] = str(free_port())
+        self.log = data_dir / "run.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "mnemesh", "run"], env=self.env, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy(self, name: str) -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}") as ch:
+            try:
+                reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            except grpc.RpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while not all(self.healthy(n) for n in SERVICES):
+            assert self.process.poll() is None, f"mnemesh run exited:\n{self.log.read_text()}"
+            assert time.monotonic() < deadline, f"not healthy in {BOOT_TIMEOUT} s:\n{self.log.read_text()}"
+            time.sleep(0.5)
+
+    def token(self) -> str:
+        settings = load_settings(jwt_secret=self.env["MNEMESH_JWT_SECRET"])
+        return issue_token(settings, subject="e2e", tenant_id="acme", scopes=["*"])
+
+    def channel(self, name: str) -> grpc.Channel:
+        return grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}"))
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory) -> Iterator[Mesh]:
+    mesh = Mesh(tmp_path_factory.mktemp("mesh"))
+    mesh.start()
+    try:
+        mesh.wait_healthy()
+        yield mesh
+    finally:
+        if mesh.process.poll() is None:
+            os.killpg(mesh.process.pid, signal.SIGKILL)
+
+
+def descendants_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_every_service_answers_the_grpc_health_check(mesh: Mesh) -> None:
+    assert [n for n in SERVICES if not mesh.healthy(n)] == []
+
+
+def test_a_memory_written_through_the_mesh_is_found_by_search(mesh: Mesh) -> None:
+    metadata = [("authorization", f"Bearer {mesh.token()}")]
+    with mesh.channel("memory-writer") as ch:
+        written = memory_pb2_grpc.MemoryWriterStub(ch).Write(memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(user_id="u1"), layer=common_pb2.MEMORY_LAYER_LONG_TERM,
+            source=common_pb2.SOURCE_KIND_USER_STATEMENT, content="The customer's favourite colour is teal"),
+            metadata=metadata, timeout=10)
+    deadline = time.monotonic() + 30
+    with mesh.channel("retriever") as ch:
+        stub = memory_pb2_grpc.RetrieverStub(ch)
+        while not (hits := stub.Search(memory_pb2.SearchRequest(query="favourite colour"), metadata=metadata,
+                                       timeout=5).hits):
+            assert time.monotonic() < deadline, "the written memory never became searchable"
+            time.sleep(0.2)
+    assert hits[0].memory.memory_id == written.memory_id and not hits[0].must_confirm
+
+
+def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: Mesh) -> None:
+    from google.protobuf import struct_pb2
+
+    schema, example = struct_pb2.Struct(), struct_pb2.Struct()
+    schema.update({"type": "object", "properties": {"phone": {"type": "string", "pattern": "^[0-9]{11}$"}},
+                   "required": ["phone"]})
+    example.update({"phone": "12345"})
+    tool = common_pb2.ToolSpec(name="crm.lookup", description="Look up a customer by phone number",
+                               input_schema=schema, version="1.0.0", examples=[example])
+    with mesh.channel("tool-gateway") as ch, pytest.raises(grpc.RpcError) as caught:
+        tools_pb2_grpc.ToolGatewayStub(ch).RegisterTool(tools_pb2.RegisterToolRequest(tool=tool), timeout=5,
+                                                        metadata=[("authorization", f"Bearer {mesh.token()}")])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "examples[0]" in caught.value.details() and "phone" in caught.value.details()
+
+
+def test_sigterm_stops_everything_within_ten_seconds_and_leaves_no_process(mesh: Mesh) -> None:
+    tree = [mesh.process.pid, *(p.pid for p in descendants_of(mesh.process.pid))]
+    assert len(tree) >= 1 + len(SERVICES) + 2  # supervisor, services, Redis, PostgreSQL
+    started = time.monotonic()
+    mesh.process.send_signal(signal.SIGTERM)
+    mesh.process.wait(timeout=15)
+    elapsed = time.monotonic() - started
+    survivors = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert survivors == [], f"left behind: {survivors}"
+    assert elapsed < 10, f"stopping took {elapsed:.1f} s"
+    assert mesh.process.returncode == 0

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check asyncapi bench lint clean
+.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check bench clean
 
 help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
@@ -51,9 +51,6 @@ proto-check: setup
 
 bench: setup
 	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus'
-
-lock:
-	@echo "refresh requirements.lock / requirements-dev.lock from a clean virtualenv: see CONTRIBUTING in README.md"
 
 clean:
 	rm -rf $(VENV) .mnemesh .pytest_cache

@@ -83,5 +83,10 @@ class TokenVerifier:
         except (jwt.PyJWTError, ValueError) as exc:
             raise Unauthenticated(f"the token is not a valid JWT: {exc}", field="authorization",
                                   hint="send a JWT signed with " + self.algorithm) from None
-        raw = claims.get("scopes") or claims.get("scope", "").split()
+        raw = claims.get("scopes", claims.get("scope", ""))
+        if isinstance(raw, str):
+            raw = raw.split()  # OAuth 2 style: space-separated
+        if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+            raise Unauthenticated("the token's scopes must be a space-separated string or a list of strings",
+                                  field="authorization", hint="fix the scope claim of the issuer")
         return Principal(subject=str(claims["sub"]), tenant_id=str(claims["tenant"]), scopes=frozenset(raw))

@@ -152,6 +152,14 @@ def _setting_name(loc: tuple[object, ...]) -> str:
     return f"MNEMESH_{field.upper()}"
 
 
+_SECRET_FIELDS = {"jwt_secret", "database_url", "redis_url", "qdrant_url", "REDIS_URL", "DATABASE_URL", "QDRANT_URL"}
+
+
+def _shown(loc: tuple[object, ...], value: object) -> str:
+    """The refused value, unless it may hold a secret (a key, a URL with a password)."""
+    return "<hidden>" if loc and str(loc[0]) in _SECRET_FIELDS else repr(value)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the settings once; raise ConfigError naming each bad setting."""
     config_file = os.environ.get("MNEMESH_CONFIG")
@@ -161,6 +169,6 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         problems = [
-            f"{_setting_name(err['loc'])}={err.get('input')!r}: {err['msg']}" for err in exc.errors()
+            f"{_setting_name(err['loc'])}={_shown(err['loc'], err.get('input'))}: {err['msg']}" for err in exc.errors()
         ]
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -131,6 +131,17 @@ def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: M
     assert "examples[0]" in caught.value.details() and "phone" in caught.value.details()
 
 
+def test_a_crashed_service_is_restarted_and_serves_again(mesh: Mesh) -> None:
+    victim = next(p for p in descendants_of(mesh.process.pid) if "serve" in p.cmdline() and "adapter" in p.cmdline())
+    victim.kill()
+    victim.wait(10)
+    deadline = time.monotonic() + 60
+    while not mesh.healthy("adapter"):
+        assert time.monotonic() < deadline, f"adapter was not restarted:\n{mesh.log.read_text()}"
+        time.sleep(0.3)
+    assert "adapter exited with code -9; restart 1" in mesh.log.read_text()
+
+
 def test_sigterm_stops_everything_within_ten_seconds_and_leaves_no_process(mesh: Mesh) -> None:
     tree = [mesh.process.pid, *(p.pid for p in descendants_of(mesh.process.pid))]
     assert len(tree) >= 1 + len(SERVICES) + 2  # supervisor, services, Redis, PostgreSQL
@@ -142,3 +153,19 @@ def test_sigterm_stops_everything_within_ten_seconds_and_leaves_no_process(mesh:
     assert survivors == [], f"left behind: {survivors}"
     assert elapsed < 10, f"stopping took {elapsed:.1f} s"
     assert mesh.process.returncode == 0
+
+
+def test_a_second_run_reuses_the_data_folder(mesh: Mesh) -> None:
+    assert mesh.process.poll() is not None, "runs after the SIGTERM test"
+    mesh.start()
+    try:
+        mesh.wait_healthy()
+        metadata = [("authorization", f"Bearer {mesh.token()}")]
+        with mesh.channel("retriever") as ch:
+            hits = memory_pb2_grpc.RetrieverStub(ch).Search(memory_pb2.SearchRequest(query="favourite colour"),
+                                                            metadata=metadata, timeout=5).hits
+        assert [h.memory.content for h in hits] == ["The customer's favourite colour is teal"]
+        assert "initialising the embedded PostgreSQL" not in mesh.log.read_text()
+    finally:
+        mesh.process.send_signal(signal.SIGTERM)
+        mesh.process.wait(timeout=15)

@@ -44,6 +44,16 @@ def test_scopes_may_also_be_given_as_a_list_claim(settings: Settings) -> None:
     assert TokenVerifier(settings).verify(token).scopes == frozenset({"memory:write"})
 
 
+def test_a_scopes_claim_given_as_a_string_never_grants_scopes_it_does_not_name(settings: Settings) -> None:
+    token = jwt.encode(claims(settings, scope=None, scopes="memory:*"), SECRET, algorithm="HS256")
+    try:
+        principal = TokenVerifier(settings).verify(token)
+    except Unauthenticated:
+        return  # refusing the malformed claim is as good as reading it right
+    assert not principal.has_scope("tools:call")
+    assert principal.scopes == frozenset({"memory:*"})
+
+
 @pytest.mark.parametrize("token", [None, ""])
 def test_no_token_is_refused_saying_how_to_send_one(settings: Settings, token: str | None) -> None:
     error = refused(settings, token)

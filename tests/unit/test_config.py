@@ -88,3 +88,17 @@ def test_every_bad_setting_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError) as err:
         load_settings()
     assert "MNEMESH_RETRIEVER_GRPC_PORT" in str(err.value) and "MNEMESH_LOG_LEVEL" in str(err.value)
+
+
+def test_a_jwt_secret_shorter_than_32_bytes_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNEMESH_JWT_SECRET", "too-short-a-secret")
+    with pytest.raises(ConfigError, match="MNEMESH_JWT_SECRET") as err:
+        load_settings()
+    assert "32 bytes" in str(err.value)
+
+
+def test_a_refused_secret_is_not_repeated_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNEMESH_JWT_SECRET", "too-short-a-secret")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert "too-short-a-secret" not in str(err.value)

@@ -102,10 +102,6 @@ async def test_a_device_catching_up_and_resending_with_the_same_key_is_not_appli
     assert [m.text for m in session.messages] == ["hello", "meanwhile"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG services/orchestrator/service_layer/handlers.py:48-51: the expected_version check runs before the "
-    "idempotency check, so an exact retry (same key, same expected_version) of a send whose reply was lost "
-    "gets Conflict instead of the session as the first send left it"))
 async def test_an_exact_retry_of_a_send_returns_the_first_result_instead_of_a_conflict(sessions) -> None:
     first = await send_message(a_send(idempotency_key="k-1", expected_version=0), sessions)
     retry = await send_message(a_send(idempotency_key="k-1", expected_version=0), sessions)

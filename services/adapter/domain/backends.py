@@ -22,8 +22,8 @@ def parse_backends(spec: str) -> list[Backend]:
     """Parse `id=kind:location,...` (the MNEMESH_ADAPTER_BACKENDS setting)."""
     backends = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        backend_id, sep, rest = item.partition("=")
-        kind, colon, location = rest.partition(":")
+        backend_id, sep, rest = (part.strip() for part in item.partition("="))
+        kind, colon, location = (part.strip() for part in rest.partition(":"))
         if not sep or not colon or not backend_id or not location:
             raise ValidationFailed(f"entry {item!r} is not id=kind:location", field="MNEMESH_ADAPTER_BACKENDS",
                                    hint="e.g. billing=soap:file:///srv/billing.wsdl")

@@ -40,28 +40,34 @@ def _check_ids(tenant_id: str, session_id: str) -> None:
         raise ValidationFailed("is required (at most 128 characters)", field="session_id")
 
 
-async def send_message(cmd: SendMessage, sessions: SessionRepository) -> Session:
+async def send_message(cmd: SendMessage, sessions: SessionRepository, attempts: int = 3) -> Session:
     _check_ids(cmd.tenant_id, cmd.session_id)
     if cmd.expected_version < ANY_VERSION:
         raise ValidationFailed("must be -1 (any) or the last version the device saw", field="expected_version")
-    session = Session.replay(cmd.tenant_id, cmd.session_id, await sessions.history(cmd.tenant_id, cmd.session_id))
-    if cmd.expected_version not in (ANY_VERSION, session.version):
-        raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
-                       field="expected_version",
-                       hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
     event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{cmd.tenant_id}/{cmd.session_id}/{cmd.idempotency_key}")) \
         if cmd.idempotency_key else str(uuid.uuid4())
-    events = session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
-    try:
-        session.version = await sessions.append(cmd.tenant_id, cmd.session_id, session.version, events)
-    except Conflict as exc:
-        if exc.field == "event_id":  # the same idempotency key was applied before: answer as then
-            return Session.replay(cmd.tenant_id, cmd.session_id,
-                                  await sessions.history(cmd.tenant_id, cmd.session_id))
-        raise
-    for event in events:
-        session.apply(event)
-    return session
+    for attempt in range(1, attempts + 1):
+        history = await sessions.history(cmd.tenant_id, cmd.session_id)
+        session = Session.replay(cmd.tenant_id, cmd.session_id, history)
+        if cmd.idempotency_key and any(item.event.event_id == event_id for item in history):
+            return session  # a retry of a send that was applied: answer as the first time
+        if cmd.expected_version not in (ANY_VERSION, session.version):
+            raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
+                           field="expected_version",
+                           hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
+        events = session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
+        try:
+            session.version = await sessions.append(cmd.tenant_id, cmd.session_id, session.version, events)
+        except Conflict as exc:
+            # "Any version" sends may simply have raced another device: replay and try again.
+            retry = exc.field == "event_id" or (cmd.expected_version == ANY_VERSION and attempt < attempts)
+            if not retry:
+                raise
+            continue
+        for event in events:
+            session.apply(event)
+        return session
+    raise Conflict("the session kept moving while appending", field="expected_version", hint="send again")
 
 
 async def get_session(tenant_id: str, session_id: str, sessions: SessionRepository) -> Session:

@@ -51,7 +51,7 @@ class SearchQuery:
         if not self.text.strip():
             raise ValidationFailed("must not be empty", field="query", hint="say what to look for")
         if not 0 <= self.limit <= MAX_LIMIT:
-            raise ValidationFailed(f"must be between 1 and {MAX_LIMIT}", field="limit")
+            raise ValidationFailed(f"must be between 1 and {MAX_LIMIT} (0 means 10)", field="limit")
         terms = tuple(dict.fromkeys(tokenize(self.text)))
         if not terms:
             raise ValidationFailed("has no searchable words", field="query")

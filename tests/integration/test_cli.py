@@ -1,0 +1,54 @@
+"""The CLI's answers to bad configuration and missing infrastructure: which setting, and what to do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mnemesh(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "QDRANT_URL")
+             and not k.startswith("MNEMESH_")}
+    return subprocess.run([sys.executable, "-m", "mnemesh", *args], env={**clean, **env}, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_an_invalid_setting_stops_the_service_naming_the_setting() -> None:
+    result = mnemesh("serve", "retriever", MNEMESH_RETRIEVER_GRPC_PORT="abc")
+    assert result.returncode == 2
+    assert "MNEMESH_RETRIEVER_GRPC_PORT='abc'" in result.stderr and "integer" in result.stderr
+
+
+def test_a_short_jwt_secret_is_refused_at_start() -> None:
+    result = mnemesh("serve", "orchestrator", MNEMESH_JWT_SECRET="short")
+    assert result.returncode == 2 and "MNEMESH_JWT_SECRET" in result.stderr and "32 bytes" in result.stderr
+
+
+def test_a_service_without_redis_says_what_to_set() -> None:
+    result = mnemesh("serve", "memory-writer", MNEMESH_METRICS_ENABLED="false")
+    assert result.returncode == 2
+    assert "REDIS_URL is not set" in result.stderr and "mnemesh run" in result.stderr
+
+
+def test_unreachable_postgresql_is_named_with_the_setting_to_fix(redis_url: str) -> None:
+    result = mnemesh("serve", "memory-writer", REDIS_URL=redis_url, MNEMESH_METRICS_ENABLED="false",
+                     DATABASE_URL=f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere")
+    assert result.returncode == 2
+    assert "cannot reach PostgreSQL" in result.stderr and "DATABASE_URL" in result.stderr
+
+
+def test_status_without_a_running_mesh_says_how_to_start_one(tmp_path) -> None:
+    result = mnemesh("status", MNEMESH_DATA_DIR=str(tmp_path))
+    assert result.returncode == 1 and "make run" in result.stdout

@@ -24,7 +24,7 @@ from typing import Any
 
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
-from opentelemetry import trace
+from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -82,6 +82,9 @@ class EventBus:
         self.min_idle_ms = min_idle_ms
         self.maxlen = maxlen
         self.namespace = namespace
+        meter = metrics.get_meter("mnemesh.bus")
+        self._handled = meter.create_counter("stream_events_handled", description="events handled, by outcome")
+        self._published = meter.create_counter("stream_events_published", description="events published")
         self._subscriptions: list[tuple[str, str]] = []
 
     def stream_name(self, stream: str) -> str:
@@ -100,6 +103,7 @@ class EventBus:
                                  "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
             entry_id = await (await self.redis()).xadd(target, envelope.to_fields(), maxlen=self.maxlen,
                                                       approximate=True)
+        self._published.add(1, {"stream": target})
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:
@@ -148,7 +152,6 @@ class EventBus:
             await self._dead_letter(stream, group, entry_id, fields, exc.to_dict(), deliveries=1)
             await msg.ack()
             return
-
         with tracer().start_as_current_span(
             f"consume {stream}", kind=SpanKind.CONSUMER, context=extract({"traceparent": envelope.traceparent})
         ) as span:
@@ -157,27 +160,32 @@ class EventBus:
                                  "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
             try:
                 await handler(envelope)
-            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
+            except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered, never fatal
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-                deliveries = await msg.get_delivery_count()
-                if isinstance(exc, DomainError) and not exc.retryable:
-                    # The event itself is wrong (e.g. a command that fails validation): retrying cannot help.
-                    await self._dead_letter(stream, group, entry_id, fields, exc.to_dict(), deliveries)
-                    await msg.ack()
-                    return
-                log.exception("event handler failed", stream=stream, group=group, entry_id=entry_id,
-                              event_id=envelope.event_id, deliveries=deliveries)
-                if deliveries >= self.max_deliveries:
-                    reason = exc.to_dict() if isinstance(exc, DomainError) else {
-                        "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc),
-                        "retryable": False, "hint": "fix the handler or the event, then replay it from the dead-letter stream",
-                    }
-                    await self._dead_letter(stream, group, entry_id, fields, reason, deliveries)
-                    await msg.ack()
-                # else: left pending; the claimer retries it after min_idle_time
+                await self._on_failure(stream, group, entry_id, fields, exc, msg)
                 return
         await msg.ack()
+        self._handled.add(1, {"stream": stream, "group": group, "outcome": "ok"})
+
+    async def _on_failure(self, stream: str, group: str, entry_id: str, fields: dict[str, str], exc: Exception,
+                          msg: RedisStreamMessage) -> None:
+        deliveries = await msg.get_delivery_count()
+        # A non-retryable domain error means the event itself is wrong (e.g. a command that fails
+        # validation): retrying cannot help, so it is dead-lettered at once.
+        permanent = isinstance(exc, DomainError) and not exc.retryable
+        if not permanent:
+            log.exception("event handler failed", stream=stream, group=group, entry_id=entry_id,
+                          deliveries=deliveries, max_deliveries=self.max_deliveries)
+        if permanent or deliveries >= self.max_deliveries:
+            reason = exc.to_dict() if isinstance(exc, DomainError) else {
+                "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc), "retryable": False,
+                "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
+            await self._dead_letter(stream, group, entry_id, fields, reason, deliveries)
+            await msg.ack()
+        else:
+            self._handled.add(1, {"stream": stream, "group": group, "outcome": "retry"})
+            # Left pending: the claimer retries it after min_idle_time.
 
     async def _dead_letter(
         self, stream: str, group: str, entry_id: str, fields: dict[str, str], reason: dict[str, object],
@@ -193,4 +201,5 @@ class EventBus:
             "dead.reason": json.dumps(reason, ensure_ascii=False),
         }
         await (await self.redis()).xadd(dead_letter_stream(stream), dead, maxlen=self.maxlen, approximate=True)
+        self._handled.add(1, {"stream": stream, "group": group, "outcome": "dead_letter"})
         log.warning("event dead-lettered", stream=stream, group=group, entry_id=entry_id, **reason)

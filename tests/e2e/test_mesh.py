@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.auth import issue_token
@@ -115,9 +118,25 @@ def test_a_memory_written_through_the_mesh_is_found_by_search(mesh: Mesh) -> Non
     assert hits[0].memory.memory_id == written.memory_id and not hits[0].must_confirm
 
 
-def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: Mesh) -> None:
-    from google.protobuf import struct_pb2
+def test_status_lists_every_service_as_serving(mesh: Mesh) -> None:
+    result = subprocess.run([sys.executable, "-m", "mnemesh", "status"], env=mesh.env, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in SERVICES:
+        assert any(name in line and "SERVING" in line and "NOT" not in line for line in result.stdout.splitlines())
 
+
+def test_each_service_serves_prometheus_metrics_including_rpc_counts(mesh: Mesh) -> None:
+    port = mesh.env["MNEMESH_MEMORY_WRITER_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    calls = re.search(r'^rpc_server_calls_total\{[^}]*rpc_method="/mnemesh.v1.MemoryWriter/Write"[^}]*\} (\S+)$',
+                      text, re.MULTILINE)
+    assert calls and float(calls[1]) >= 1, text[-2000:]
+    assert "stream_events_published_total" in text
+
+
+def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: Mesh) -> None:
     schema, example = struct_pb2.Struct(), struct_pb2.Struct()
     schema.update({"type": "object", "properties": {"phone": {"type": "string", "pattern": "^[0-9]{11}$"}},
                    "required": ["phone"]})

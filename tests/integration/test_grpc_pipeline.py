@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator
 
 import grpc
+import anyio
 import jwt
 import pytest
 
@@ -138,3 +140,23 @@ async def test_health_and_reflection_need_no_token(address: str) -> None:
         services = [s.name async for r in listing for s in r.list_services_response.service]
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     assert "mnemesh.v1.Orchestrator" in services and "grpc.health.v1.Health" in services
+
+
+async def test_a_stopping_server_reports_not_serving_before_it_stops_serving_calls(settings: Settings) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    port = free_port()
+    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(MemorySessions())], TokenVerifier(settings))
+    await server.start()
+    token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["*"])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        stopping = asyncio.create_task(server.stop(2.0))
+        with anyio.fail_after(5):
+            while (await health.Check(health_pb2.HealthCheckRequest(), timeout=2)).status == \
+                    health_pb2.HealthCheckResponse.SERVING:
+                await anyio.sleep(0.01)
+        # Draining: load balancers see NOT_SERVING, and calls in the window are still answered.
+        reply = await call(f"127.0.0.1:{port}", token)
+        assert reply.version == 1
+        await stopping

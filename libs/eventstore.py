@@ -16,7 +16,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from psycopg import AsyncConnection, errors, sql
 from psycopg.rows import dict_row

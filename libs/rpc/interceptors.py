@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.auth import Principal, TokenVerifier, current_principal

@@ -25,7 +25,7 @@ from libs.auth import issue_token
 from libs.config import Settings, load_settings
 from libs.events import Envelope
 from libs.events.bus import EventBus
-from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2, memory_pb2_grpc
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.protogen.mnemesh.v1 import sessions_pb2, sessions_pb2_grpc
 from libs.rpc import channel, error_detail
 from libs.runtime import run_service
@@ -132,10 +132,10 @@ async def test_one_trace_spans_the_grpc_write_the_event_it_publishes_and_the_con
 
 async def test_a_write_command_from_the_stream_goes_through_the_same_pipeline(mesh: Settings) -> None:
     bus = EventBus(mesh.redis_url, consumer_name="producer", namespace=mesh.namespace)
-    command = events_pb2.WriteMemoryCommand(
+    command = memory_pb2.WriteMemoryRequest(
         tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u2"), layer=common_pb2.MEMORY_LAYER_LONG_TERM,
         source=common_pb2.SOURCE_KIND_USER_STATEMENT, content="我的会员等级是金卡", idempotency_key="k-1")
-    bad = events_pb2.WriteMemoryCommand(tenant=command.tenant, layer=command.layer, source=command.source,
+    bad = memory_pb2.WriteMemoryRequest(tenant=command.tenant, layer=command.layer, source=command.source,
                                         content="  ")
     for message in (command, command, bad):  # the second is a retry with the same idempotency key
         await bus.publish(Envelope.wrap(message, event_type="memory.write_requested", tenant_id="acme"))

@@ -32,8 +32,8 @@ def memory_to_proto(r: MemoryRecord) -> common_pb2.Memory:
     )
 
 
-def command_from_proto(msg: memory_pb2.WriteMemoryRequest | events_pb2.WriteMemoryCommand) -> WriteMemory:
-    """Both the gRPC request and the stream command carry the same fields."""
+def command_from_proto(msg: memory_pb2.WriteMemoryRequest) -> WriteMemory:
+    """The gRPC request and the stream command are the same message."""
     return WriteMemory(
         tenant_id=msg.tenant.tenant_id, user_id=msg.tenant.user_id, session_id=msg.tenant.session_id,
         layer=msg.layer, source=msg.source, content=msg.content, key=msg.key, confidence=msg.confidence,

@@ -4,13 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check bench clean
+.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench clean
 
 help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
 	@echo "make test   - run every test (unit, integration, e2e)"
 	@echo "make bench  - run the benchmarks against their baselines"
 	@echo "make proto  - regenerate libs/protogen from proto/"
+	@echo "make lint   - static checks (ruff)"
 	@echo "make clean  - remove the virtualenv and the data folder"
 
 $(BIN)/python:
@@ -48,6 +49,9 @@ proto: setup
 
 proto-check: setup
 	$(BIN)/python scripts/gen_protos.py --check
+
+lint: setup
+	$(BIN)/ruff check --select F,E,W,B --ignore E501 libs services mnemesh tests scripts
 
 bench: setup
 	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus'

@@ -203,7 +203,7 @@ class FakeSessionRepository:
         seen = after_version
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda: len(self.streams.get((tenant_id, session_id), [])) > seen)
+                await self._changed.wait_for(lambda: len(self.streams.get((tenant_id, session_id), [])) > seen)  # noqa: B023 - used at once
                 batch = self.streams[tenant_id, session_id][seen:]
             for item in batch:
                 seen = item.version

@@ -5,7 +5,8 @@
 Uses REDIS_URL / DATABASE_URL when set; otherwise the servers on this machine when
 they answer on their default ports (127.0.0.1:6379, 127.0.0.1:5432 as `postgres`);
 otherwise starts embedded ones (the same as `mnemesh run`) under .mnemesh/test and
-stops them afterwards. The command's exit code is returned.
+stops them afterwards; MNEMESH_TEST_INFRA=embedded forces that. The command's exit
+code is returned.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ def _postgres_test_db(admin_url: str) -> str | None:
 
 async def main(command: list[str]) -> int:
     env = dict(os.environ)
-    if not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
+    local_allowed = env.get("MNEMESH_TEST_INFRA") != "embedded"
+    if local_allowed and not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
         env["REDIS_URL"] = LOCAL_REDIS
-    if not env.get("DATABASE_URL"):
+    if local_allowed and not env.get("DATABASE_URL"):
         local = _postgres_test_db(LOCAL_POSTGRES)
         if local:
             env["DATABASE_URL"] = local

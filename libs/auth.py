@@ -7,6 +7,7 @@ Claims: ``sub`` (who), ``tenant`` (whose data), ``scope`` (space-separated) or
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,10 @@ import jwt
 from libs.config import Settings
 from libs.errors import Unauthenticated
 
-__all__ = ["Principal", "TokenVerifier", "current_principal", "issue_token"]
+__all__ = ["TENANT_ID", "Principal", "TokenVerifier", "current_principal", "issue_token"]
+
+# Tenant ids appear in keys and stream ids; a closed alphabet keeps those unambiguous.
+TENANT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ def issue_token(
     settings: Settings, *, subject: str, tenant_id: str, scopes: list[str], ttl_seconds: int = 3600
 ) -> str:
     """A development token signed with the HS256 secret (`mnemesh token` prints one)."""
+    if not TENANT_ID.fullmatch(tenant_id):
+        raise ValueError(f"tenant {tenant_id!r} must be 1-64 letters, digits, '_', '.' or '-'")
     now = int(time.time())
     claims = {"sub": subject, "tenant": tenant_id, "scope": " ".join(scopes), "iat": now,
               "exp": now + ttl_seconds, "iss": settings.jwt_issuer, "aud": settings.jwt_audience}
@@ -83,10 +89,14 @@ class TokenVerifier:
         except (jwt.PyJWTError, ValueError) as exc:
             raise Unauthenticated(f"the token is not a valid JWT: {exc}", field="authorization",
                                   hint="send a JWT signed with " + self.algorithm) from None
+        tenant = claims["tenant"]
+        if not isinstance(tenant, str) or not TENANT_ID.fullmatch(tenant):
+            raise Unauthenticated("the token's tenant claim must be 1-64 letters, digits, '_', '.' or '-'",
+                                  field="authorization", hint="issue the token for one named tenant")
         raw = claims.get("scopes", claims.get("scope", ""))
         if isinstance(raw, str):
             raw = raw.split()  # OAuth 2 style: space-separated
         if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
             raise Unauthenticated("the token's scopes must be a space-separated string or a list of strings",
                                   field="authorization", hint="fix the scope claim of the issuer")
-        return Principal(subject=str(claims["sub"]), tenant_id=str(claims["tenant"]), scopes=frozenset(raw))
+        return Principal(subject=str(claims["sub"]), tenant_id=tenant, scopes=frozenset(raw))

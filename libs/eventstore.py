@@ -12,15 +12,15 @@ until that transaction has committed or aborted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from psycopg import AsyncConnection, errors, sql
+from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
 
 from libs.db import Database
+from libs.db.notify import Notifier
 from libs.errors import Conflict
 from libs.events import Envelope
 
@@ -70,10 +70,11 @@ class StoredEvent:
 class EventStore:
     """The event store of one service schema; `channel` is its NOTIFY channel."""
 
-    def __init__(self, db: Database, *, poll_seconds: float = 0.5) -> None:
+    def __init__(self, db: Database, *, poll_seconds: float = 0.5, stream_poll_seconds: float = 5.0) -> None:
         self.db = db
         self.channel = f"mnemesh_events_{db.schema}"
-        self.poll_seconds = poll_seconds
+        self.poll_seconds, self.stream_poll_seconds = poll_seconds, stream_poll_seconds
+        self.notifier = Notifier(db.listen_connection, self.channel)
 
     async def append(
         self, conn: AsyncConnection, stream_id: str, expected_version: int, envelopes: Sequence[Envelope]
@@ -116,12 +117,16 @@ class EventStore:
         await conn.execute("SELECT pg_notify(%s, %s)", [self.channel, stream_id])
         return current + len(envelopes)
 
-    async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000) -> list[StoredEvent]:
+    async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000,
+                          tenant_id: str | None = None) -> list[StoredEvent]:
+        """One stream's events after `after_version`; with `tenant_id`, only that tenant's."""
+        tenant_filter = "" if tenant_id is None else " AND tenant_id = %(tenant)s"
         async with self.db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                f"SELECT {_COLUMNS} FROM events WHERE stream_id = %s AND version > %s ORDER BY version LIMIT %s",
-                [stream_id, after_version, limit],
+                f"SELECT {_COLUMNS} FROM events WHERE stream_id = %(stream)s AND version > %(after)s{tenant_filter}"
+                " ORDER BY version LIMIT %(limit)s",
+                {"stream": stream_id, "after": after_version, "limit": limit, "tenant": tenant_id},
             )
             return [StoredEvent.from_row(r) for r in await cur.fetchall()]
 
@@ -145,36 +150,35 @@ class EventStore:
             return (await cur.fetchone())[0]
 
     async def subscribe_all(self, after: Checkpoint = Checkpoint()) -> AsyncIterator[StoredEvent]:
-        """Catch up from `after`, then follow live; never skips, never repeats."""
+        """Catch up from `after`, then follow live; never skips, never repeats.
+
+        Polls every `poll_seconds` besides NOTIFY: an event held back by the fence
+        is announced before it becomes readable.
+        """
         checkpoint = after
-        async for _ in self._wakeups():
+        while True:
+            mark = self.notifier.mark()
             while batch := await self.read_all(checkpoint):
                 for event in batch:
                     checkpoint = event.checkpoint
                     yield event
+            await self.notifier.wait(mark, self.poll_seconds)
 
-    async def subscribe_stream(self, stream_id: str, after_version: int = 0) -> AsyncIterator[StoredEvent]:
-        """Catch up one stream from `after_version`, then follow it live."""
+    async def subscribe_stream(self, stream_id: str, after_version: int = 0,
+                               tenant_id: str | None = None) -> AsyncIterator[StoredEvent]:
+        """Catch up one stream from `after_version`, then follow it live.
+
+        Per-stream versions are gapless, so no fence is needed: NOTIFY wakes the
+        reader, and a slow poll covers a lost notification.
+        """
         version = after_version
-        async for _ in self._wakeups():
-            while batch := await self.read_stream(stream_id, version):
+        while True:
+            mark = self.notifier.mark()
+            while batch := await self.read_stream(stream_id, version, tenant_id=tenant_id):
                 for event in batch:
                     version = event.version
                     yield event
+            await self.notifier.wait(mark, self.stream_poll_seconds)
 
-    async def _wakeups(self) -> AsyncIterator[None]:
-        """Yield once now, then on every NOTIFY, or every poll interval at the latest.
-
-        The poll matters: an event held back by the fence is announced before it
-        becomes readable.
-        """
-        conn = await self.db.listen_connection()
-        try:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            yield None
-            while True:
-                async for _ in conn.notifies(timeout=self.poll_seconds, stop_after=1):
-                    pass
-                yield None
-        finally:
-            await asyncio.shield(conn.close())
+    async def close(self) -> None:
+        await self.notifier.close()

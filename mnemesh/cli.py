@@ -76,8 +76,12 @@ def cmd_health(ns: argparse.Namespace) -> int:
 def cmd_token(ns: argparse.Namespace) -> int:
     from libs.auth import issue_token
 
-    print(issue_token(_settings(), subject=ns.subject, tenant_id=ns.tenant, scopes=ns.scope or ["*"],
-                      ttl_seconds=ns.ttl))
+    try:
+        print(issue_token(_settings(), subject=ns.subject, tenant_id=ns.tenant, scopes=ns.scope or ["*"],
+                          ttl_seconds=ns.ttl))
+    except ValueError as exc:
+        print(f"mnemesh token: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

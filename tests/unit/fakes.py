@@ -104,12 +104,15 @@ class FakeDocumentStore:
 
     def __init__(self) -> None:
         self.documents: dict[str, Document] = {}
+        self.tombstones: set[str] = set()
         self.queries: list[tuple[SearchQuery, int]] = []
 
     async def upsert(self, document: Document) -> None:
-        self.documents[document.memory_id] = document
+        if document.memory_id not in self.tombstones:
+            self.documents[document.memory_id] = document
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
+        self.tombstones.update(memory_ids)
         gone = [m for m in memory_ids if m in self.documents and self.documents[m].tenant_id == tenant_id]
         for memory_id in gone:
             del self.documents[memory_id]

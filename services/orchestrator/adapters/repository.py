@@ -16,7 +16,9 @@ __all__ = ["EventSourcedSessions", "stream_id"]
 
 
 def stream_id(tenant_id: str, session_id: str) -> str:
-    return f"session-{tenant_id}-{session_id}"
+    # Neither id may contain "/" (tenant ids by the token rules, session ids by the handlers'),
+    # so no two (tenant, session) pairs share a stream.
+    return f"session/{tenant_id}/{session_id}"
 
 
 def _envelope(tenant_id: str, session_id: str, event: SessionEvent) -> Envelope:
@@ -55,7 +57,7 @@ class EventSourcedSessions:
 
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
         stream, after, items = stream_id(tenant_id, session_id), 0, []
-        while batch := await self.store.read_stream(stream, after):
+        while batch := await self.store.read_stream(stream, after, tenant_id=tenant_id):
             items += [_versioned(e) for e in batch]
             after = batch[-1].version
         return items
@@ -70,5 +72,6 @@ class EventSourcedSessions:
         return version
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
-        async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version):
+        async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version,
+                                                        tenant_id=tenant_id):
             yield _versioned(stored)

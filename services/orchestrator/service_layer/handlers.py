@@ -9,6 +9,7 @@ idempotency key is recognised and not applied twice.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,11 +34,15 @@ class SendMessage:
     idempotency_key: str = ""
 
 
+_SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
 def _check_ids(tenant_id: str, session_id: str) -> None:
     if not tenant_id:
         raise ValidationFailed("is required", field="tenant.tenant_id")
-    if not session_id or len(session_id) > 128:
-        raise ValidationFailed("is required (at most 128 characters)", field="session_id")
+    if not _SESSION_ID.fullmatch(session_id):
+        raise ValidationFailed("must be 1-128 letters, digits, '_', '.', ':' or '-'", field="session_id",
+                               hint="e.g. a UUID")
 
 
 async def send_message(cmd: SendMessage, sessions: SessionRepository, attempts: int = 3) -> Session:

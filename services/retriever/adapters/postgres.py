@@ -26,9 +26,10 @@ class PostgresDocuments:
     async def upsert(self, d: Document) -> None:
         await self._execute(
             "INSERT INTO documents (memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
-            " terms, tags, created_at, expires_at) VALUES (%(memory_id)s, %(tenant_id)s, %(user_id)s,"
+            " terms, tags, created_at, expires_at) SELECT %(memory_id)s, %(tenant_id)s, %(user_id)s,"
             " %(session_id)s, %(layer)s, %(source)s, %(confidence)s, %(content)s, %(terms)s, %(tags)s,"
-            " %(created_at)s, %(expires_at)s)"
+            " %(created_at)s, %(expires_at)s"
+            " WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE memory_id = %(memory_id)s::uuid)"
             " ON CONFLICT (memory_id) DO UPDATE SET content = EXCLUDED.content, terms = EXCLUDED.terms,"
             " tags = EXCLUDED.tags, confidence = EXCLUDED.confidence, expires_at = EXCLUDED.expires_at,"
             " indexed_at = now()",
@@ -36,6 +37,10 @@ class PostgresDocuments:
         )
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
+        """Delete and leave tombstones, so a late memory.written cannot bring them back."""
+        await self._execute(
+            "INSERT INTO tombstones (memory_id, tenant_id) SELECT unnest(%s::uuid[]), %s ON CONFLICT DO NOTHING",
+            [memory_ids, tenant_id])
         return await self._execute("DELETE FROM documents WHERE tenant_id = %s AND memory_id::text = ANY(%s)",
                                    [tenant_id, memory_ids])
 

@@ -2,7 +2,8 @@
 
 Both hold one collection of memories with a 384-dimension dense vector (the local
 MiniLM model) and a sparse vector; tenant isolation is a payload filter on every
-operation.
+operation. The retriever opens it at start and keeps it in step with forgetting;
+filling it on writes and querying it in Search come with the embedding model.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class EdgeVectorIndex:
     def _tenant(self, tenant_id: str):
         qe = self._qe
         return qe.Filter(must=[qe.FieldCondition(key="tenant_id", match=qe.MatchValue(tenant_id))])
+
+    def upsert(self, tenant_id: str, memory_id: str, dense: list[float], payload: dict | None = None) -> None:
+        qe = self._qe
+        self.shard.update(qe.UpdateOperation.upsert_points([qe.Point(
+            id=uuid.UUID(memory_id), vector={"dense": dense},
+            payload={**(payload or {}), "tenant_id": tenant_id, "memory_id": memory_id})]))
+
+    def search(self, tenant_id: str, dense: list[float], limit: int) -> list[tuple[str, float]]:
+        qe = self._qe
+        hits = self.shard.query(qe.QueryRequest(query=qe.Query.Nearest(dense, using="dense"),
+                                                filter=self._tenant(tenant_id), limit=limit, with_payload=True))
+        return [(h.payload["memory_id"], h.score) for h in hits]
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         qe = self._qe
@@ -78,6 +91,16 @@ class ServerVectorIndex:
         if memory_ids:
             must.append(m.HasIdCondition(has_id=memory_ids))
         return m.Filter(must=must)
+
+    def upsert(self, tenant_id: str, memory_id: str, dense: list[float], payload: dict | None = None) -> None:
+        self.client.upsert(COLLECTION, points=[self._m.PointStruct(
+            id=memory_id, vector={"dense": dense},
+            payload={**(payload or {}), "tenant_id": tenant_id, "memory_id": memory_id})])
+
+    def search(self, tenant_id: str, dense: list[float], limit: int) -> list[tuple[str, float]]:
+        hits = self.client.query_points(COLLECTION, query=dense, using="dense", query_filter=self._filter(tenant_id),
+                                        limit=limit, with_payload=True).points
+        return [(h.payload["memory_id"], h.score) for h in hits]
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         self.client.delete(COLLECTION, points_selector=self._m.FilterSelector(

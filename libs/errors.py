@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["Conflict", "DomainError", "NotFound", "PermissionDenied", "Unauthenticated", "ValidationFailed"]
+__all__ = ["Conflict", "DomainError", "NotFound", "PermissionDenied", "Unauthenticated", "Unavailable",
+           "Unimplemented", "ValidationFailed", "DeadlineExceeded", "Internal"]
 
 
 class DomainError(Exception):
@@ -45,3 +46,25 @@ class Unauthenticated(DomainError):
 
 class PermissionDenied(DomainError):
     error_type = "permission_denied"
+
+
+class Unavailable(DomainError):
+    """A dependency (PostgreSQL, Redis, a backend) is unreachable; the same call may work later."""
+
+    error_type = "unavailable"
+    retryable = True
+
+
+class Unimplemented(DomainError):
+    error_type = "unimplemented"
+
+
+class DeadlineExceeded(DomainError):
+    error_type = "deadline_exceeded"
+    retryable = True
+
+
+class Internal(DomainError):
+    """A bug or an unexpected failure; the message points to the log by trace id."""
+
+    error_type = "internal"

@@ -12,11 +12,14 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
+import psycopg
+import psycopg_pool
+import redis.exceptions
 from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.auth import Principal, TokenVerifier, current_principal
-from libs.errors import DomainError, PermissionDenied
+from libs.errors import DeadlineExceeded, DomainError, Internal, PermissionDenied, Unavailable, Unimplemented
 from libs.logs import get_logger
 from libs.rpc.status import status_for
 from libs.telemetry import extract, tracer
@@ -25,6 +28,9 @@ __all__ = ["CallPipeline"]
 
 log = get_logger(__name__)
 _PUBLIC = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# Failures of what a call depends on: retryable UNAVAILABLE, not INTERNAL.
+INFRASTRUCTURE_ERRORS = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.exceptions.ConnectionError,
+                         redis.exceptions.TimeoutError, ConnectionError)
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
 
 
@@ -94,11 +100,31 @@ class CallPipeline(grpc.aio.ServerInterceptor):
                                        field="tenant.tenant_id", hint="leave tenant_id empty or use your own")
             tenant.tenant_id = principal.tenant_id
 
+    def _translate(self, exc: Exception, server_deadline: asyncio.Timeout | None, span, method: str) -> DomainError:
+        """The structured error a failure leaves as."""
+        if isinstance(exc, DomainError):
+            return exc
+        if isinstance(exc, NotImplementedError):
+            return Unimplemented("this method is not available yet", hint="see the API table in the README")
+        if isinstance(exc, INFRASTRUCTURE_ERRORS):
+            log.warning("rpc failed on infrastructure", method=method, error=str(exc))
+            return Unavailable(f"a dependency is unreachable ({type(exc).__name__})",
+                               hint="retry with backoff; operators: check PostgreSQL and Redis")
+        if isinstance(exc, TimeoutError) and server_deadline is not None and server_deadline.expired():
+            return DeadlineExceeded(f"the call took longer than the server's {self.default_deadline:.0f} s limit",
+                                    hint="send a deadline of your own, or ask for less")
+        span.record_exception(exc)
+        log.error("rpc failed", method=method, exc_info=exc)
+        trace_id = format(span.get_span_context().trace_id, "032x")
+        return Internal(f"internal error; the service log has trace id {trace_id}", retryable=True,
+                        hint="retry once; if it persists, report the trace id")
+
     @contextlib.asynccontextmanager
     async def _call(self, method: str, request, context, *, streaming: bool) -> AsyncIterator[None]:
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+        server_deadline: asyncio.Timeout | None = None
         with tracer().start_as_current_span(method.lstrip("/"), kind=SpanKind.SERVER,
                                             context=extract(metadata)) as span:
             span.set_attributes({"rpc.system": "grpc", "rpc.method": method})
@@ -108,31 +134,20 @@ class CallPipeline(grpc.aio.ServerInterceptor):
                 self._authorise(method, principal, request)
                 token = current_principal.set(principal)
                 span.set_attribute("enduser.id", principal.subject)
-                remaining = context.time_remaining()
-                if streaming or remaining is not None:
+                if streaming or context.time_remaining() is not None:
                     yield
                 else:
-                    async with asyncio.timeout(self.default_deadline):
+                    async with asyncio.timeout(self.default_deadline) as server_deadline:
                         yield
-            except DomainError as exc:
-                code, message, trailers = status_for(exc)
-                span.set_status(Status(StatusCode.ERROR, message))
-                await context.abort(code, message, trailing_metadata=trailers)
-            except TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                await context.abort(code, f"the call took longer than the server's {self.default_deadline:.0f} s limit")
             except grpc.aio.AbortError:
-                raise
+                raise  # the servicer answered with a status of its own
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
-            except Exception as exc:  # the process's edge: anything else is an internal error, logged
-                code = grpc.StatusCode.INTERNAL
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, str(exc)))
-                log.exception("rpc failed", method=method)
-                trace_id = format(span.get_span_context().trace_id, "032x")
-                await context.abort(code, f"internal error; the service log has trace id {trace_id}")
+            except Exception as exc:  # the process's edge: every failure leaves as a structured status
+                code, message, trailers = status_for(self._translate(exc, server_deadline, span, method))
+                span.set_status(Status(StatusCode.ERROR, message))
+                await context.abort(code, message, trailing_metadata=trailers)
             finally:
                 if token is not None:
                     current_principal.reset(token)

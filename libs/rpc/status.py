@@ -21,6 +21,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
     "unavailable": grpc.StatusCode.UNAVAILABLE,
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import anyio
 import jwt
+import psycopg
 import pytest
 
 from libs.auth import TokenVerifier, issue_token
@@ -160,3 +161,39 @@ async def test_a_stopping_server_reports_not_serving_before_it_stops_serving_cal
         reply = await call(f"127.0.0.1:{port}", token)
         assert reply.version == 1
         await stopping
+
+
+class DatabaseDown(MemorySessions):
+    async def history(self, tenant_id, session_id):
+        raise psycopg.OperationalError("connection refused")
+
+
+async def test_an_unreachable_database_is_unavailable_and_retryable_not_internal(settings: Settings) -> None:
+    port = free_port()
+    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(DatabaseDown())], TokenVerifier(settings))
+    await server.start()
+    try:
+        err = await rejected(f"127.0.0.1:{port}", issue_token(settings, subject="u", tenant_id="t1", scopes=["*"]))
+    finally:
+        await server.stop(0)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    detail = error_detail(err)
+    assert detail.error_type == "unavailable" and detail.retryable and "PostgreSQL" in detail.hint
+
+
+async def test_a_declared_but_unbuilt_method_is_unimplemented_with_a_structured_error(settings: Settings) -> None:
+    from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+    from services.tool_gateway.entrypoints import grpc_api as tools_api
+
+    port = free_port()
+    server = GrpcServer("127.0.0.1", port, [tools_api.registration(registry=None)], TokenVerifier(settings))
+    await server.start()
+    try:
+        async with channel(f"127.0.0.1:{port}", issue_token(settings, subject="u", tenant_id="t1",
+                                                             scopes=["*"])) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await tools_pb2_grpc.ToolGatewayStub(ch).CallTool(tools_pb2.CallToolRequest(name="x"), timeout=5)
+    finally:
+        await server.stop(0)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert error_detail(caught.value).error_type == "unimplemented"

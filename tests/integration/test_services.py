@@ -191,3 +191,12 @@ async def test_two_devices_converge_and_a_stale_device_gets_a_conflict(mesh: Set
     assert (first.version, second.version) == (1, 2)
     assert web == app == [1, 2]
     assert list(state.messages) == ["book a table", "for four people"]
+
+
+async def test_concurrent_writes_with_one_idempotency_key_store_one_memory(mesh: Settings) -> None:
+    async with channel(address(mesh, "memory-writer"), token(mesh)) as ch:
+        stub = memory_pb2_grpc.MemoryWriterStub(ch)
+        replies = await asyncio.gather(*(stub.Write(write_request("booked seat 12A", idempotency_key="seat-1"),
+                                                    timeout=10) for _ in range(8)))
+    assert len({r.memory_id for r in replies}) == 1
+    assert sum(not r.duplicate for r in replies) == 1

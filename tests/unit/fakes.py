@@ -71,9 +71,12 @@ class FakeUnitOfWork:
         record = self._rows.get(memory_id)
         return record if record is not None and record.tenant_id == tenant_id else None
 
-    async def add(self, record: MemoryRecord) -> None:
+    async def add(self, record: MemoryRecord) -> bool:
         assert record.memory_id not in self._rows, "memory ids are unique"
+        if record.idempotency_key and await self.find_by_idempotency_key(record.tenant_id, record.idempotency_key):
+            return False
         self._rows[record.memory_id] = record
+        return True
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         removed = [m for m in memory_ids if m in self._rows and self._rows[m].tenant_id == tenant_id]

@@ -22,6 +22,7 @@ _INSERT = (
     " VALUES (%(memory_id)s, %(tenant_id)s, %(user_id)s, %(session_id)s, %(layer)s, %(source)s, %(content)s,"
     " %(key)s, %(confidence)s, %(engagement)s, %(tags)s, %(derived_from)s, %(step_id)s, %(attributes)s,"
     " %(created_at)s, %(expires_at)s, %(idempotency_key)s)"
+    " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
 
@@ -83,12 +84,12 @@ class PostgresUnitOfWork:
         return await self._one("SELECT * FROM memories WHERE tenant_id = %s AND memory_id::text = %s",
                                [tenant_id, memory_id])
 
-    async def add(self, record: MemoryRecord) -> None:
+    async def add(self, record: MemoryRecord) -> bool:
         params = {**record.__dict__, "layer": int(record.layer), "source": int(record.source),
                   "confidence": int(record.confidence), "tags": list(record.tags),
                   "derived_from": list(record.derived_from), "attributes": json.dumps(record.attributes),
                   "idempotency_key": record.idempotency_key or None}
-        await self.conn.execute(_INSERT, params)
+        return (await self.conn.execute(_INSERT, params)).rowcount == 1
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         cur = await self.conn.execute(

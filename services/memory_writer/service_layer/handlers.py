@@ -20,7 +20,9 @@ async def write_memory(cmd: WriteMemory, uow: UnitOfWork) -> WriteResult:
             existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
             if existing:
                 return WriteResult(existing.memory_id, duplicate=True, version=1)
-        await uow.add(record)
+        if not await uow.add(record):  # a concurrent write with the same key got there first
+            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
+            return WriteResult(existing.memory_id, duplicate=True, version=1)
         version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
     return WriteResult(record.memory_id, duplicate=False, version=version)
 

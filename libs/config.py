@@ -99,6 +99,8 @@ class Settings(BaseSettings):
     stream_min_idle_ms: int = Field(30_000, ge=100, description="idle time before a pending entry is reclaimed")
     stream_maxlen: int = Field(100_000, ge=1000, description="approximate length streams are trimmed to")
     outbox_poll_seconds: float = Field(0.5, gt=0)
+    housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
+    processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
 
     shutdown_grace_seconds: float = Field(5.0, ge=0, le=8)
 

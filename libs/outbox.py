@@ -1,10 +1,13 @@
 """Transactional outbox and its relay.
 
 ``add`` writes an event row in the caller's transaction, beside the change it
-announces: both commit or neither does. The relay publishes unpublished rows to
-Redis Streams and marks them. It marks only after the stream accepted the entry,
-so a relay killed between the two republishes on restart; consumers are
-idempotent by event id, so the effect still happens once.
+announces: both commit or neither does. The relay leases a batch of rows in a
+short transaction, publishes them to Redis Streams outside any transaction, and
+then marks them published. A relay that dies after publishing and before marking
+leaves a lease that runs out: the rows are published again, and consumers, being
+idempotent by event id, apply them once. A row that can never be published (it
+no longer parses) records why and goes to the dead-letter stream, so it cannot
+block the rows behind it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import redis.exceptions
 from psycopg import AsyncConnection, sql
 
 from libs.db import Database
-from libs.events import Envelope
+from libs.events import Envelope, MalformedEvent
 from libs.events.bus import EventBus
 from libs.logs import get_logger
 
@@ -42,54 +45,68 @@ class Outbox:
 
     async def pending(self) -> int:
         async with self.db.connection() as conn:
-            cur = await conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            cur = await conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL AND failure IS NULL")
             return (await cur.fetchone())[0]
 
 
 class OutboxRelay:
-    """Publishes a service's outbox; several replicas may run (rows are locked, skipped)."""
+    """Publishes a service's outbox; several replicas may run (leases keep them apart)."""
 
     def __init__(self, outbox: Outbox, bus: EventBus, *, poll_seconds: float = 0.5, batch: int = 100,
-                 keep_published: timedelta = timedelta(days=1)) -> None:
+                 lease: timedelta = timedelta(seconds=30)) -> None:
         self.outbox, self.bus = outbox, bus
-        self.poll_seconds, self.batch, self.keep_published = poll_seconds, batch, keep_published
+        self.poll_seconds, self.batch, self.lease = poll_seconds, batch, lease
+        self.listening = asyncio.Event()
 
-    async def publish_pending(self) -> int:
-        """Publish one batch; return how many rows were published."""
+    async def _lease(self) -> list[tuple[int, str, dict]]:
         async with self.outbox.db.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "SELECT id, stream, fields FROM outbox WHERE published_at IS NULL"
-                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-                [self.batch],
+                "UPDATE outbox SET leased_until = now() + %s WHERE id IN ("
+                "  SELECT id FROM outbox WHERE published_at IS NULL AND failure IS NULL"
+                "    AND (leased_until IS NULL OR leased_until < now())"
+                "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " RETURNING id, stream, fields",
+                [self.lease, self.batch],
             )
-            rows = await cur.fetchall()
-            for _id, stream, fields in rows:
-                await self.bus.publish(Envelope.from_fields(fields), stream=stream)
-            if rows:
-                await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)",
-                                   [[row[0] for row in rows]])
+            return sorted(await cur.fetchall())
+
+    async def publish_pending(self) -> int:
+        """Publish one leased batch; return how many rows it held."""
+        rows = await self._lease()
+        published, failed = [], []
+        for row_id, stream, fields in rows:
+            try:
+                envelope = Envelope.from_fields(fields)
+            except MalformedEvent as exc:
+                await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
+                failed.append((row_id, json.dumps(exc.to_dict())))
+                continue
+            await self.bus.publish(envelope, stream=stream)
+            published.append(row_id)
+        if rows:
+            async with self.outbox.db.connection() as conn, conn.transaction():
+                await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", [published])
+                for row_id, reason in failed:
+                    await conn.execute("UPDATE outbox SET failure = %s WHERE id = %s", [reason, row_id])
         return len(rows)
 
-    async def purge_published(self) -> int:
+    async def purge_published(self, older_than: timedelta = timedelta(days=1)) -> int:
         async with self.outbox.db.connection() as conn:
-            cur = await conn.execute("DELETE FROM outbox WHERE published_at < now() - %s", [self.keep_published])
+            cur = await conn.execute("DELETE FROM outbox WHERE published_at < now() - %s", [older_than])
             return cur.rowcount
 
     async def run(self) -> None:
-        """Publish until cancelled; wake on NOTIFY, poll as a safety net."""
+        """Publish until cancelled; wake on NOTIFY, poll as a safety net (and for expired leases)."""
         listen = await self.outbox.db.listen_connection()
         try:
             await listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel)))
-            rounds = 0
             while True:
                 try:
                     while await self.publish_pending() == self.batch:
                         pass
-                    rounds += 1
-                    if rounds % 7200 == 0:
-                        await self.purge_published()
-                except (OSError, psycopg.OperationalError, redis.exceptions.RedisError) as exc:  # Redis or PostgreSQL away: retry, lose nothing
+                except (OSError, psycopg.OperationalError, redis.exceptions.RedisError) as exc:
                     log.warning("outbox relay could not publish; will retry", error=str(exc))
+                self.listening.set()
                 async for _ in listen.notifies(timeout=self.poll_seconds, stop_after=1):
                     pass
         finally:

@@ -9,11 +9,13 @@ does the rest: migrations, start order, signals, and the reverse stop order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import psycopg
 import redis.asyncio
@@ -24,6 +26,7 @@ from libs.config import ConfigError, Settings
 from libs.db import Database, apply_migrations, load_migrations
 from libs.eventstore import EventStore
 from libs.events.bus import EventBus
+from libs.housekeeping import housekeeping
 from libs.idempotency import TransactionalHandler, idempotent
 from libs.logs import configure_logging, get_logger
 from libs.outbox import Outbox, OutboxRelay
@@ -115,9 +118,13 @@ async def run_service(
                    maxlen=settings.stream_maxlen, namespace=settings.namespace)
     outbox = Outbox(db)
     ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db))
+    ctx.closers.append(ctx.event_store.close)
     await bootstrap(ctx)
     relay = OutboxRelay(outbox, bus, poll_seconds=settings.outbox_poll_seconds)
     ctx.tasks.append(relay.run)
+    ctx.tasks.append(functools.partial(
+        housekeeping, bus, relay, db, every_seconds=settings.housekeeping_seconds,
+        processed_retention=timedelta(days=settings.processed_retention_days)))
 
     server = GrpcServer(settings.host, settings.grpc_port(name), ctx.registrations, verifier)
     stop = stop or asyncio.Event()
@@ -127,7 +134,8 @@ async def run_service(
     tasks: list[asyncio.Task] = []
     try:
         await bus.start()
-        tasks = [asyncio.create_task(task(), name=f"{name}:{task.__qualname__}") for task in ctx.tasks]
+        tasks = [asyncio.create_task(task(), name=f"{name}:{getattr(task, '__qualname__', 'task')}")
+                 for task in ctx.tasks]
         await server.start()
         log.info("service started", grpc=server.address)
         waiter = asyncio.create_task(stop.wait())

@@ -62,6 +62,12 @@ async def _fields_parser(msg: dict[str, Any], original: Callable[[dict[str, Any]
     return await original({**msg, "data": {_FIELDS_KEY: body}})
 
 
+def _entry_order(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 class EventBus:
     """Publish envelopes and subscribe handlers; one per service process."""
 
@@ -86,6 +92,7 @@ class EventBus:
         self._handled = meter.create_counter("stream_events_handled", description="events handled, by outcome")
         self._published = meter.create_counter("stream_events_published", description="events published")
         self._subscriptions: list[tuple[str, str]] = []
+        self._streams: set[str] = set()  # Redis keys this bus published to or consumes
 
     def stream_name(self, stream: str) -> str:
         """The Redis key of a logical stream, in this bus's namespace."""
@@ -101,9 +108,10 @@ class EventBus:
                                             context=extract({"traceparent": envelope.traceparent})) as span:
             span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
                                  "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
-            entry_id = await (await self.redis()).xadd(target, envelope.to_fields(), maxlen=self.maxlen,
-                                                      approximate=True)
+            # No MAXLEN here: it would trim entries no group has read yet. trim() is safe.
+            entry_id = await (await self.redis()).xadd(target, envelope.to_fields())
         self._published.add(1, {"stream": target})
+        self._streams.add(target)
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:
@@ -121,6 +129,7 @@ class EventBus:
             )
             sub(deliver)
         self._subscriptions.append((stream, group))
+        self._streams.add(stream)
 
     async def start(self) -> None:
         redis = await self.redis()
@@ -137,6 +146,32 @@ class EventBus:
     async def stop(self) -> None:
         await self.broker.stop()
 
+    async def trim(self) -> dict[str, int]:
+        """Trim the streams this bus uses to about `maxlen`, but never past an entry some group still needs.
+
+        An entry goes only once every consumer group has read and acknowledged it; a
+        stream nobody consumes keeps its newest `maxlen` entries. Returns the entries
+        removed per stream.
+        """
+        redis = await self.redis()
+        removed = {}
+        for stream in sorted(self._streams):
+            if await redis.xlen(stream) <= self.maxlen:
+                continue
+            floor = None
+            for group in await redis.xinfo_groups(stream):
+                needed = [group["last-delivered-id"]]
+                pending = await redis.xpending(stream, group["name"])
+                if pending["pending"]:
+                    needed.append(pending["min"])
+                oldest = min(needed, key=_entry_order)
+                floor = oldest if floor is None else min(floor, oldest, key=_entry_order)
+            if floor is None:
+                removed[stream] = await redis.xtrim(stream, maxlen=self.maxlen, approximate=True)
+            else:
+                removed[stream] = await redis.xtrim(stream, minid=floor, approximate=True)
+        return removed
+
     async def _deliver(
         self, stream: str, group: str, handler: Handler, body: dict[str, Any], msg: RedisStreamMessage
     ) -> None:
@@ -149,7 +184,7 @@ class EventBus:
                                      hint="publish every field as UTF-8 text")
             envelope = Envelope.from_fields(fields)
         except MalformedEvent as exc:
-            await self._dead_letter(stream, group, entry_id, fields, exc.to_dict(), deliveries=1)
+            await self.dead_letter(stream, fields, exc.to_dict(), group=group, entry_id=entry_id, deliveries=1)
             await msg.ack()
             return
         with tracer().start_as_current_span(
@@ -181,16 +216,15 @@ class EventBus:
             reason = exc.to_dict() if isinstance(exc, DomainError) else {
                 "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc), "retryable": False,
                 "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
-            await self._dead_letter(stream, group, entry_id, fields, reason, deliveries)
+            await self.dead_letter(stream, fields, reason, group=group, entry_id=entry_id, deliveries=deliveries)
             await msg.ack()
         else:
             self._handled.add(1, {"stream": stream, "group": group, "outcome": "retry"})
             # Left pending: the claimer retries it after min_idle_time.
 
-    async def _dead_letter(
-        self, stream: str, group: str, entry_id: str, fields: dict[str, str], reason: dict[str, object],
-        deliveries: int,
-    ) -> None:
+    async def dead_letter(self, stream: str, fields: dict[str, str], reason: dict[str, object], *, group: str = "",
+                          entry_id: str = "", deliveries: int = 0) -> None:
+        """Put an entry that cannot be handled on `<stream>.dead`, with its reason; `stream` is the Redis key."""
         dead = {
             **{f"original.{k}": v for k, v in fields.items()},
             "dead.stream": stream,

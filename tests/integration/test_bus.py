@@ -181,3 +181,41 @@ async def test_a_redelivered_event_takes_effect_once(redis_url: str, effects_tab
     finally:
         await bus.stop()
     assert await effects(effects_table) == [(same.event_id, "c1")]
+
+
+async def test_trimming_never_removes_entries_a_group_has_not_acknowledged(
+    redis_url: str, effects_table: Database, streams: str
+) -> None:
+    stream, group = f"{streams}.trim", "slow"
+    bus = EventBus(redis_url, consumer_name="c1", maxlen=5)
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def handle(env: Envelope) -> None:
+        seen.append(env.event_id)
+        if len(seen) == 3:
+            await gate.wait()  # the third event is being handled: it and all after it are still needed
+
+    bus.subscribe(stream, group, handle)
+    await bus.start()
+    try:
+        sent = [envelope(f"n{i}") for i in range(20)]
+        for e in sent:
+            await bus.publish(e, stream=stream)
+        with anyio.fail_after(10):
+            while len(seen) < 3:
+                await anyio.sleep(0.02)
+        client = await bus.redis()
+        await bus.trim()
+        kept = [fields[b"event_id"].decode() for _, fields in await client.xrange(stream)]
+        assert sent[2].event_id in kept and kept == [e.event_id for e in sent][-len(kept):]
+        gate.set()
+        with anyio.fail_after(10):
+            while len(seen) < 20 or (await client.xpending(stream, group))["pending"]:
+                await anyio.sleep(0.02)
+        await bus.trim()
+        remaining = await client.xlen(stream)
+    finally:
+        await bus.stop()
+    assert seen == [e.event_id for e in sent]
+    assert remaining < 20  # once everything is acknowledged, the stream shrinks

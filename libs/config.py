@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
     processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
 
-    shutdown_grace_seconds: float = Field(5.0, ge=0, le=8)
+    shutdown_grace_seconds: float = Field(2.5, ge=0, le=5, description="time in-flight calls get to finish")
 
     @field_validator("redis_url")
     @classmethod

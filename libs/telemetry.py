@@ -19,7 +19,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-__all__ = ["current_traceparent", "extract", "inject", "setup_telemetry", "tracer"]
+__all__ = ["MetricsPortInUse", "current_traceparent", "extract", "inject", "setup_telemetry", "tracer"]
+
+
+class MetricsPortInUse(Exception):
+    pass
 
 _configured = False
 
@@ -51,7 +55,12 @@ def setup_telemetry(
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr=host)
+        try:
+            start_http_server(metrics_port, addr=host)
+        except OSError as exc:
+            raise MetricsPortInUse(f"cannot serve metrics on {host}:{metrics_port}: {exc.strerror}; stop what holds "
+                                   f"the port, or set MNEMESH_{service.upper().replace('-', '_')}_METRICS_PORT "
+                                   "(0 turns metrics off)") from None
         readers.append(PrometheusMetricReader())
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

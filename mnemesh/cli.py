@@ -29,13 +29,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_serve(ns: argparse.Namespace) -> int:
     from libs.rpc import PortInUse
     from libs.runtime import InfrastructureError, run_service
+    from libs.telemetry import MetricsPortInUse
     from mnemesh.registry import load_bootstrap
 
     settings = _settings()
     wiring = load_bootstrap(ns.service)
     try:
         asyncio.run(run_service(ns.service, settings, wiring.bootstrap, migrations_package=wiring.migrations))
-    except (InfrastructureError, ConfigError, PortInUse) as exc:
+    except (InfrastructureError, ConfigError, PortInUse, MetricsPortInUse) as exc:
         print(f"mnemesh serve {ns.service}: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -2,17 +2,19 @@
 
     python scripts/test_infra.py -- <command...>
 
-Uses REDIS_URL / DATABASE_URL when set; otherwise the servers on this machine when
-they answer on their default ports (127.0.0.1:6379, 127.0.0.1:5432 as `postgres`);
-otherwise starts embedded ones (the same as `mnemesh run`) under .mnemesh/test and
-stops them afterwards; MNEMESH_TEST_INFRA=embedded forces that. The command's exit
-code is returned.
+Uses REDIS_URL / DATABASE_URL when they are set (configured servers); otherwise
+starts embedded ones (the same as `mnemesh run`) under .mnemesh/test and stops
+them afterwards. MNEMESH_TEST_INFRA=local first tries the servers of this machine
+on their default ports (127.0.0.1:6379, and 127.0.0.1:5432 as `postgres`, where
+it creates the database mnemesh_test); CI sets it. The command's exit code is
+returned; SIGTERM and Ctrl-C are passed on to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import psycopg
 import redis
 
 from libs.config import load_settings
-from mnemesh.infra import start_infrastructure
+from mnemesh.infra import InfrastructureError, start_infrastructure
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -47,12 +49,10 @@ def _postgres_test_db(admin_url: str) -> str | None:
 
 async def main(command: list[str]) -> int:
     env = dict(os.environ)
-    local_allowed = env.get("MNEMESH_TEST_INFRA") != "embedded"
-    if local_allowed and not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
-        env["REDIS_URL"] = LOCAL_REDIS
-    if local_allowed and not env.get("DATABASE_URL"):
-        local = _postgres_test_db(LOCAL_POSTGRES)
-        if local:
+    if env.get("MNEMESH_TEST_INFRA") == "local":
+        if not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
+            env["REDIS_URL"] = LOCAL_REDIS
+        if not env.get("DATABASE_URL") and (local := _postgres_test_db(LOCAL_POSTGRES)):
             env["DATABASE_URL"] = local
     infra = None
     if not env.get("REDIS_URL") or not env.get("DATABASE_URL"):
@@ -60,11 +60,18 @@ async def main(command: list[str]) -> int:
         settings = load_settings(redis_url=env.get("REDIS_URL"), database_url=env.get("DATABASE_URL"),
                                  data_dir=Path(".mnemesh/test"), embedded_redis_port=16479,
                                  embedded_postgres_port=15532)
-        infra = await start_infrastructure(settings)
+        try:
+            infra = await start_infrastructure(settings)
+        except InfrastructureError as exc:
+            print(f"test infrastructure: {exc}", file=sys.stderr)
+            return 2
         env.update(infra.env())
     print(f"test infrastructure: Redis {env['REDIS_URL']}, PostgreSQL {env['DATABASE_URL']}", flush=True)
     try:
         proc = await asyncio.create_subprocess_exec(*command, env=env)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, proc.send_signal, sig)
         return await proc.wait()
     finally:
         if infra:

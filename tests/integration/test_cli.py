@@ -52,3 +52,13 @@ def test_unreachable_postgresql_is_named_with_the_setting_to_fix(redis_url: str)
 def test_status_without_a_running_mesh_says_how_to_start_one(tmp_path) -> None:
     result = mnemesh("status", MNEMESH_DATA_DIR=str(tmp_path))
     assert result.returncode == 1 and "make run" in result.stdout
+
+
+def test_a_busy_metrics_port_names_the_setting(redis_url: str, database_url: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = mnemesh("serve", "adapter", REDIS_URL=redis_url, DATABASE_URL=database_url,
+                         MNEMESH_ADAPTER_METRICS_PORT=str(port))
+    assert result.returncode == 2 and "MNEMESH_ADAPTER_METRICS_PORT" in result.stderr

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from libs.errors import Conflict
+from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import DomainEvent, MemoryRecord
-from services.memory_writer.service_layer.unit_of_work import ANY_VERSION
 from services.orchestrator.domain import SessionEvent, Versioned
 from services.retriever.domain import Document, SearchQuery
 from services.tool_gateway.domain import ToolSpec

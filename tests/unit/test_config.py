@@ -102,3 +102,19 @@ def test_a_refused_secret_is_not_repeated_in_the_error(monkeypatch: pytest.Monke
     with pytest.raises(ConfigError) as err:
         load_settings()
     assert "too-short-a-secret" not in str(err.value)
+
+
+def test_a_config_file_that_is_not_toml_is_refused_naming_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    bad = tmp_path / "mnemesh.toml"
+    bad.write_text("log_level = \n")
+    monkeypatch.setenv("MNEMESH_CONFIG", str(bad))
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_settings()
+
+
+def test_a_misspelt_key_in_the_config_file_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    typo = tmp_path / "mnemesh.toml"
+    typo.write_text('log_levle = "debug"\n')
+    monkeypatch.setenv("MNEMESH_CONFIG", str(typo))
+    with pytest.raises(ConfigError, match="unknown settings log_levle"):
+        load_settings()

@@ -245,3 +245,33 @@ async def test_forgetting_a_user_with_no_memories_records_nothing(db) -> None:
     uow = FakeUnitOfWork(db)
     assert await forget(ForgetMemory("acme", "nobody"), uow) == 0
     assert uow.events == [] and db.published == []
+
+
+# --- commands from the stream and forgetting by default --------------------------------------------------
+
+
+async def test_a_stream_command_takes_the_tenant_it_was_published_under(db: MemoryDatabase) -> None:
+    result = await write_memory(a_write(tenant_id=""), FakeUnitOfWork(db), on_behalf_of="acme")
+    async with FakeUnitOfWork(db) as uow:
+        assert (await uow.get("acme", result.memory_id)).tenant_id == "acme"
+
+
+async def test_a_stream_command_naming_another_tenant_is_refused(db: MemoryDatabase) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db), on_behalf_of="acme")
+    assert err.value.field == "tenant.tenant_id" and "published under 'acme'" in err.value.reason
+
+
+async def test_forget_without_an_id_or_user_forgets_the_callers_memories(db: MemoryDatabase) -> None:
+    mine = await write_memory(a_write(user_id="caller"), FakeUnitOfWork(db))
+    theirs = await write_memory(a_write(user_id="someone-else"), FakeUnitOfWork(db))
+    assert await forget(ForgetMemory("acme", "", requested_by="caller"), FakeUnitOfWork(db)) == 1
+    async with FakeUnitOfWork(db) as uow:
+        assert await uow.get("acme", mine.memory_id) is None
+        assert await uow.get("acme", theirs.memory_id) is not None
+
+
+async def test_forget_with_nobody_to_forget_is_refused(db: MemoryDatabase) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        await forget(ForgetMemory("acme", ""), FakeUnitOfWork(db))
+    assert err.value.field == "tenant.user_id"

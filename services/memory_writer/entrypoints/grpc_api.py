@@ -29,8 +29,8 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
 
     async def Forget(self, request, context):
         principal = current_principal.get()
-        user_id = request.tenant.user_id or (principal.subject if principal else "")
-        cmd = handlers.ForgetMemory(request.tenant.tenant_id, user_id, request.memory_id)
+        cmd = handlers.ForgetMemory(request.tenant.tenant_id, request.tenant.user_id, request.memory_id,
+                                    requested_by=principal.subject if principal else "")
         return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
 
 

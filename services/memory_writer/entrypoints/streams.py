@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from psycopg import AsyncConnection
 
-from libs.errors import ValidationFailed
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.service_layer import handlers
@@ -17,10 +16,7 @@ __all__ = ["on_write_requested"]
 
 def on_write_requested(uow_for: Callable[[AsyncConnection, Envelope], UnitOfWork]):
     async def handle(envelope: Envelope, conn: AsyncConnection) -> None:
-        command = command_from_proto(envelope.message())
-        if command.tenant_id and command.tenant_id != envelope.tenant_id:
-            raise ValidationFailed("differs from the envelope's tenant_id", field="payload.tenant.tenant_id",
-                                   hint="publish commands under the tenant they belong to")
-        await handlers.write_memory(command, uow_for(conn, envelope))
+        await handlers.write_memory(command_from_proto(envelope.message()), uow_for(conn, envelope),
+                                    on_behalf_of=envelope.tenant_id)
 
     return handle

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from libs.errors import NotFound
+from libs.errors import NotFound, ValidationFailed
 from services.memory_writer.domain import (
     MemoryForgotten, MemoryRecord, MemoryWritten, WriteMemory, WriteResult, new_memory,
 )
-from services.memory_writer.service_layer.unit_of_work import ANY_VERSION, UnitOfWork
+from libs.eventstore import ANY_VERSION
+from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
 __all__ = ["ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
 
 
-async def write_memory(cmd: WriteMemory, uow: UnitOfWork) -> WriteResult:
+async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "") -> WriteResult:
+    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
+    if on_behalf_of:
+        if cmd.tenant_id and cmd.tenant_id != on_behalf_of:
+            raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {on_behalf_of!r}",
+                                   field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
+        cmd = replace(cmd, tenant_id=on_behalf_of)
     record = new_memory(cmd)
     async with uow:
         if cmd.idempotency_key:
@@ -47,10 +54,16 @@ class ForgetMemory:
     tenant_id: str
     user_id: str
     memory_id: str = ""
+    requested_by: str = ""  # the caller; whose memories go when neither id nor user is named
 
 
 async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
-    """Forget one memory, or every memory of the user when no id is given."""
+    """Forget one memory, or every memory of a user (the caller's, when no user is named)."""
+    user_id = cmd.user_id or cmd.requested_by
+    if not cmd.memory_id and not user_id:
+        raise ValidationFailed("is required when memory_id is empty", field="tenant.user_id",
+                               hint="name the memory, or the user whose memories to forget")
+    cmd = replace(cmd, user_id=user_id)
     async with uow:
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)

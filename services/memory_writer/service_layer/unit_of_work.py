@@ -6,9 +6,7 @@ from typing import Protocol
 
 from services.memory_writer.domain import DomainEvent, MemoryRecord
 
-__all__ = ["ANY_VERSION", "UnitOfWork", "UnitOfWorkFactory"]
-
-ANY_VERSION = -1
+__all__ = ["UnitOfWork", "UnitOfWorkFactory"]
 
 
 class UnitOfWork(Protocol):

@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from libs.errors import Conflict, ValidationFailed
+from libs.eventstore import ANY_VERSION
 from services.orchestrator.domain import Session, Versioned
 from services.orchestrator.service_layer.ports import SessionRepository
 
 __all__ = ["SendMessage", "follow", "get_session", "send_message"]
-
-ANY_VERSION = -1
 
 
 @dataclass(frozen=True)

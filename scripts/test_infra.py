@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -27,6 +28,13 @@ from mnemesh.infra import InfrastructureError, start_infrastructure
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 TEST_DATABASE = "mnemesh_test"
+
+
+def _free_port() -> int:
+    # Free ports, not fixed ones: two checkouts may run their tests at once.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _redis_answers(url: str) -> bool:
@@ -58,8 +66,8 @@ async def main(command: list[str]) -> int:
     if not env.get("REDIS_URL") or not env.get("DATABASE_URL"):
         print("test infrastructure: starting embedded servers for what is not configured", flush=True)
         settings = load_settings(redis_url=env.get("REDIS_URL"), database_url=env.get("DATABASE_URL"),
-                                 data_dir=Path(".mnemesh/test"), embedded_redis_port=16479,
-                                 embedded_postgres_port=15532)
+                                 data_dir=Path(".mnemesh/test"), embedded_redis_port=_free_port(),
+                                 embedded_postgres_port=_free_port())
         try:
             infra = await start_infrastructure(settings)
         except InfrastructureError as exc:

@@ -90,6 +90,20 @@ def mesh(tmp_path_factory) -> Iterator[Mesh]:
             os.killpg(mesh.process.pid, signal.SIGKILL)
 
 
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.NoSuchProcess:
+        return []
+
+
 def descendants_of(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -159,7 +173,7 @@ def test_a_second_run_on_the_same_data_folder_is_refused_with_a_clear_message(me
 
 
 def test_a_crashed_service_is_restarted_and_serves_again(mesh: Mesh) -> None:
-    victim = next(p for p in descendants_of(mesh.process.pid) if "serve" in p.cmdline() and "adapter" in p.cmdline())
+    victim = next(p for p in descendants_of(mesh.process.pid) if cmdline(p)[-2:] == ["serve", "adapter"])
     victim.kill()
     victim.wait(10)
     deadline = time.monotonic() + 60
@@ -176,7 +190,7 @@ def test_sigterm_stops_everything_within_ten_seconds_and_leaves_no_process(mesh:
     mesh.process.send_signal(signal.SIGTERM)
     mesh.process.wait(timeout=15)
     elapsed = time.monotonic() - started
-    survivors = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    survivors = [pid for pid in tree if alive(pid)]
     assert survivors == [], f"left behind: {survivors}"
     assert elapsed < 10, f"stopping took {elapsed:.1f} s"
     assert mesh.process.returncode == 0
@@ -207,8 +221,8 @@ def test_a_killed_supervisor_takes_every_child_with_it(tmp_path: Path) -> None:
         mesh.process.kill()  # no chance to clean up: the children must go by themselves
         mesh.process.wait(10)
         deadline = time.monotonic() + 15
-        while alive := [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]:
-            assert time.monotonic() < deadline, f"orphans left: {alive}"
+        while survivors := [pid for pid in tree if alive(pid)]:
+            assert time.monotonic() < deadline, f"orphans left: {survivors}"
             time.sleep(0.2)
     finally:
         if mesh.process.poll() is None:

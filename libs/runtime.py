@@ -132,24 +132,26 @@ async def run_service(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks: list[asyncio.Task] = []
+    waiter = asyncio.create_task(stop.wait())
     try:
         await bus.start()
         tasks = [asyncio.create_task(task(), name=f"{name}:{getattr(task, '__qualname__', 'task')}")
                  for task in ctx.tasks]
         await server.start()
         log.info("service started", grpc=server.address)
-        waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is not waiter and task.exception():
-                raise task.exception()
+                raise task.exception()  # a background task died: stop, and let the supervisor restart us
         log.info("service stopping")
     finally:
+        # Calls drain first (health says NOT_SERVING), then background work stops, then consumers
+        # finish their in-flight events, then connections close.
         await server.stop(settings.shutdown_grace_seconds)
-        await bus.stop()
-        for task in tasks:
+        for task in [waiter, *tasks]:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(waiter, *tasks, return_exceptions=True)
+        await bus.stop()
         for close in reversed(ctx.closers):
             await close()
         await db.close()

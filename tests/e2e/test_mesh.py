@@ -63,12 +63,22 @@ class Mesh:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
+    def wait_serving(self, name: str, timeout: float) -> None:
+        """Follow the service's health stream (waiting for it to listen) until it says SERVING."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}") as ch:
+            try:
+                for reply in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=timeout,
+                                                                  wait_for_ready=True):
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError as exc:
+                raise AssertionError(f"{name} not serving ({exc.code().name}):\n{self.log.read_text()}") from None
+
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT
-        while not all(self.healthy(n) for n in SERVICES):
+        for name in SERVICES:
             assert self.process.poll() is None, f"mnemesh run exited:\n{self.log.read_text()}"
-            assert time.monotonic() < deadline, f"not healthy in {BOOT_TIMEOUT} s:\n{self.log.read_text()}"
-            time.sleep(0.5)
+            self.wait_serving(name, max(1.0, deadline - time.monotonic()))
 
     def token(self) -> str:
         settings = load_settings(jwt_secret=self.env["MNEMESH_JWT_SECRET"])
@@ -176,10 +186,7 @@ def test_a_crashed_service_is_restarted_and_serves_again(mesh: Mesh) -> None:
     victim = next(p for p in descendants_of(mesh.process.pid) if cmdline(p)[-2:] == ["serve", "adapter"])
     victim.kill()
     victim.wait(10)
-    deadline = time.monotonic() + 60
-    while not mesh.healthy("adapter"):
-        assert time.monotonic() < deadline, f"adapter was not restarted:\n{mesh.log.read_text()}"
-        time.sleep(0.3)
+    mesh.wait_serving("adapter", timeout=60)  # waits for the restarted process to listen
     assert "adapter exited with code -9; restart 1" in mesh.log.read_text()
 
 
@@ -217,13 +224,11 @@ def test_a_killed_supervisor_takes_every_child_with_it(tmp_path: Path) -> None:
     mesh.start()
     try:
         mesh.wait_healthy()
-        tree = [p.pid for p in descendants_of(mesh.process.pid)]
+        tree = descendants_of(mesh.process.pid)
         mesh.process.kill()  # no chance to clean up: the children must go by themselves
         mesh.process.wait(10)
-        deadline = time.monotonic() + 15
-        while survivors := [pid for pid in tree if alive(pid)]:
-            assert time.monotonic() < deadline, f"orphans left: {survivors}"
-            time.sleep(0.2)
+        _, survivors = psutil.wait_procs(tree, timeout=15)
+        assert [p.pid for p in survivors] == [], "orphans left behind"
     finally:
         if mesh.process.poll() is None:
             mesh.process.kill()

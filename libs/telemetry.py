@@ -19,7 +19,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-__all__ = ["MetricsPortInUse", "current_traceparent", "extract", "inject", "setup_telemetry", "tracer"]
+__all__ = ["MetricsPortInUse", "current_traceparent", "extract", "inject", "setup_telemetry", "shutdown_telemetry",
+           "tracer"]
 
 
 class MetricsPortInUse(Exception):
@@ -41,7 +42,7 @@ def setup_telemetry(
     if _configured:
         return
     resource = Resource.create({"service.name": f"mnemesh-{service}", "service.namespace": "mnemesh"})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     if span_exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(span_exporter))
     if otlp_endpoint:
@@ -66,8 +67,20 @@ def setup_telemetry(
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=otlp_endpoint, insecure=True)))
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
     _configured = True
+
+
+def shutdown_telemetry(timeout_seconds: float = 2.0) -> None:
+    """Flush what is buffered and stop the exporters, within a bound: a slow collector must not
+    hold up a service's stop (the SDK's own exit hook would wait up to 30 s)."""
+    millis = timeout_seconds * 1000
+    tracer_provider, meter_provider = trace.get_tracer_provider(), metrics.get_meter_provider()
+    if isinstance(tracer_provider, TracerProvider):
+        tracer_provider.force_flush(timeout_millis=millis)
+        tracer_provider.shutdown()
+    if isinstance(meter_provider, MeterProvider):
+        meter_provider.shutdown(timeout_millis=millis)
 
 
 def tracer(name: str = "mnemesh") -> trace.Tracer:

@@ -35,12 +35,13 @@ class Registration:
 
 class GrpcServer:
     def __init__(self, host: str, port: int, registrations: list[Registration],
-                 verifier: TokenVerifier | None) -> None:
+                 verifier: TokenVerifier | None, *, default_deadline_seconds: float = 30.0) -> None:
         self.address = f"{host}:{port}"
         self.registrations = registrations
         method_scopes = {f"/{r.name}/{m}": s for r in registrations for m, s in r.scopes.items()}
         # so_reuseport off: a second process on the same port must fail, not share it silently.
-        self.server = grpc.aio.server(interceptors=[CallPipeline(verifier, method_scopes)],
+        pipeline = CallPipeline(verifier, method_scopes, default_deadline_seconds)
+        self.server = grpc.aio.server(interceptors=[pipeline],
                                       options=[("grpc.so_reuseport", 0)])
         self.health = health.aio.HealthServicer()
 

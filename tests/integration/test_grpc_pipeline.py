@@ -197,3 +197,24 @@ async def test_a_declared_but_unbuilt_method_is_unimplemented_with_a_structured_
         await server.stop(0)
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert error_detail(caught.value).error_type == "unimplemented"
+
+
+class Slow(MemorySessions):
+    async def history(self, tenant_id, session_id):
+        await asyncio.Event().wait()  # never answers
+
+
+async def test_a_call_without_a_deadline_is_cut_at_the_servers_limit(settings: Settings) -> None:
+    port = free_port()
+    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(Slow())], TokenVerifier(settings),
+                        default_deadline_seconds=0.3)
+    await server.start()
+    token = issue_token(settings, subject="u", tenant_id="t1", scopes=["*"])
+    try:
+        async with channel(f"127.0.0.1:{port}", token) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await sessions_pb2_grpc.OrchestratorStub(ch).Send(send())  # no client deadline
+    finally:
+        await server.stop(0)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert error_detail(caught.value).error_type == "deadline_exceeded"

@@ -25,15 +25,12 @@ import redis.asyncio
 import redis.exceptions
 
 from libs.config import Settings
+from libs.runtime import InfrastructureError, check_infrastructure
 from mnemesh.processes import guarded, reap_leftover, write_pidfile
 
 __all__ = ["EmbeddedProcess", "Infrastructure", "InfrastructureError", "port_free", "start_infrastructure"]
 
 DATABASE = "mnemesh"
-
-
-class InfrastructureError(Exception):
-    pass
 
 
 @dataclass
@@ -286,6 +283,12 @@ async def start_infrastructure(settings: Settings, say=print) -> Infrastructure:
     except BaseException:
         Infrastructure("", "", "", processes).stop()
         raise
-    qdrant = settings.qdrant_url or f"embedded ({data / 'qdrant'}, opened by the retriever)"
-    say(f"  Qdrant: {qdrant}")
-    return Infrastructure(redis_url, database_url, qdrant, processes)
+    infra = Infrastructure(redis_url, database_url, settings.qdrant_url or
+                           f"embedded ({data / 'qdrant'}, opened by the retriever)", processes)
+    try:  # configured servers too must answer before five services depend on them
+        await check_infrastructure(settings.model_copy(update={"redis_url": redis_url, "database_url": database_url}))
+    except BaseException:
+        infra.stop()
+        raise
+    say(f"  Qdrant: {infra.qdrant}")
+    return infra

@@ -98,12 +98,14 @@ class Settings(BaseSettings):
     # Streams.
     stream_max_deliveries: int = Field(5, ge=1, description="deliveries before a message is dead-lettered")
     stream_min_idle_ms: int = Field(30_000, ge=100, description="idle time before a pending entry is reclaimed")
-    stream_maxlen: int = Field(100_000, ge=1000, description="approximate length streams are trimmed to")
+    stream_maxlen: int = Field(100_000, ge=1000, description="length past which streams are trimmed")
+    stream_retention_hours: float = Field(24.0, gt=0, description="entries younger than this are never trimmed")
     outbox_poll_seconds: float = Field(0.5, gt=0)
     housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
     processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
 
-    shutdown_grace_seconds: float = Field(2.5, ge=0, le=5, description="time in-flight calls get to finish")
+    # At most 3 s: a service then stops within 6.5 s, and `mnemesh run` as a whole within 10 s.
+    shutdown_grace_seconds: float = Field(2.5, ge=0, le=3, description="time in-flight calls get to finish")
 
     @field_validator("redis_url")
     @classmethod

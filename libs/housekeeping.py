@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-import psycopg
 import redis.exceptions
 
 from libs.db import Database
 from libs.events.bus import EventBus
 from libs.logs import get_logger
 from libs.outbox import OutboxRelay
+from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["housekeeping", "tidy"]
 
@@ -25,11 +25,13 @@ async def tidy(bus: EventBus, relay: OutboxRelay, db: Database, *, processed_ret
     that, which stream trimming and reclaim timing rule out.
     """
     trimmed = await bus.trim()
+    pruned = await bus.prune_consumers()
     purged = await relay.purge_published()
     async with db.connection() as conn:
         cur = await conn.execute("DELETE FROM processed_events WHERE processed_at < now() - %s",
                                  [processed_retention])
-    log.info("housekeeping", trimmed=trimmed, outbox_purged=purged, processed_purged=cur.rowcount)
+    log.info("housekeeping", trimmed=trimmed, consumers_pruned=pruned, outbox_purged=purged,
+             processed_purged=cur.rowcount)
 
 
 async def housekeeping(bus: EventBus, relay: OutboxRelay, db: Database, *, every_seconds: float,
@@ -38,5 +40,5 @@ async def housekeeping(bus: EventBus, relay: OutboxRelay, db: Database, *, every
         await asyncio.sleep(every_seconds)
         try:
             await tidy(bus, relay, db, processed_retention=processed_retention)
-        except (OSError, psycopg.OperationalError, redis.exceptions.RedisError) as exc:
+        except (*TRANSIENT_ERRORS, OSError, redis.exceptions.RedisError) as exc:
             log.warning("housekeeping failed; will try again", error=str(exc))

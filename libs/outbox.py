@@ -16,14 +16,15 @@ import asyncio
 import json
 from datetime import timedelta
 
-import psycopg
 import redis.exceptions
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 
 from libs.db import Database
+from libs.db.notify import Notifier
 from libs.events import Envelope, MalformedEvent
 from libs.events.bus import EventBus
 from libs.logs import get_logger
+from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["Outbox", "OutboxRelay"]
 
@@ -71,24 +72,37 @@ class OutboxRelay:
             return sorted(await cur.fetchall())
 
     async def publish_pending(self) -> int:
-        """Publish one leased batch; return how many rows it held."""
+        """Publish one leased batch in order; return how many rows it held.
+
+        If publishing stops part-way (Redis away, the relay cancelled), what went out is
+        marked and the rest of the batch is released at once, so the next attempt starts
+        where this one stopped instead of skipping ahead of it.
+        """
         rows = await self._lease()
-        published, failed = [], []
-        for row_id, stream, fields in rows:
-            try:
-                envelope = Envelope.from_fields(fields)
-            except MalformedEvent as exc:
-                await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
-                failed.append((row_id, json.dumps(exc.to_dict())))
-                continue
-            await self.bus.publish(envelope, stream=stream)
-            published.append(row_id)
-        if rows:
-            async with self.outbox.db.connection() as conn, conn.transaction():
-                await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", [published])
-                for row_id, reason in failed:
-                    await conn.execute("UPDATE outbox SET failure = %s WHERE id = %s", [reason, row_id])
+        published: list[int] = []
+        failed: list[tuple[int, str]] = []
+        try:
+            for row_id, stream, fields in rows:
+                try:
+                    envelope = Envelope.from_fields(fields)
+                except MalformedEvent as exc:
+                    await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
+                    failed.append((row_id, json.dumps(exc.to_dict())))
+                    continue
+                await self.bus.publish(envelope, stream=stream)
+                published.append(row_id)
+        finally:
+            if rows:
+                await asyncio.shield(self._settle(rows, published, failed))
         return len(rows)
+
+    async def _settle(self, rows: list, published: list[int], failed: list[tuple[int, str]]) -> None:
+        async with self.outbox.db.connection() as conn, conn.transaction():
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", [published])
+            for row_id, reason in failed:
+                await conn.execute("UPDATE outbox SET failure = %s WHERE id = %s", [reason, row_id])
+            await conn.execute("UPDATE outbox SET leased_until = NULL WHERE id = ANY(%s) AND published_at IS NULL",
+                               [[row[0] for row in rows]])
 
     async def purge_published(self, older_than: timedelta = timedelta(days=1)) -> int:
         async with self.outbox.db.connection() as conn:
@@ -96,18 +110,21 @@ class OutboxRelay:
             return cur.rowcount
 
     async def run(self) -> None:
-        """Publish until cancelled; wake on NOTIFY, poll as a safety net (and for expired leases)."""
-        listen = await self.outbox.db.listen_connection()
+        """Publish until cancelled; wake on NOTIFY, poll as a safety net (and for expired leases).
+
+        A lost database or Redis connection is waited out, never fatal.
+        """
+        notifier = Notifier(self.outbox.db.listen_connection, self.outbox.channel)
         try:
-            await listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.outbox.channel)))
             while True:
+                mark = notifier.mark()
+                if notifier.listening.is_set():
+                    self.listening.set()
                 try:
                     while await self.publish_pending() == self.batch:
                         pass
-                except (OSError, psycopg.OperationalError, redis.exceptions.RedisError) as exc:
+                except (*TRANSIENT_ERRORS, OSError, redis.exceptions.RedisError) as exc:
                     log.warning("outbox relay could not publish; will retry", error=str(exc))
-                self.listening.set()
-                async for _ in listen.notifies(timeout=self.poll_seconds, stop_after=1):
-                    pass
+                await notifier.wait(mark, self.poll_seconds)
         finally:
-            await asyncio.shield(listen.close())
+            await notifier.close()

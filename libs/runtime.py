@@ -115,7 +115,8 @@ async def run_service(
     await db.open()
     bus = EventBus(settings.redis_url, consumer_name=f"{name}-{socket.gethostname()}-{os.getpid()}",
                    max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
-                   maxlen=settings.stream_maxlen, namespace=settings.namespace)
+                   maxlen=settings.stream_maxlen, retention_ms=int(settings.stream_retention_hours * 3_600_000),
+                   namespace=settings.namespace)
     outbox = Outbox(db)
     ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db))
     ctx.closers.append(ctx.event_store.close)

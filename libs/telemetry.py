@@ -9,6 +9,7 @@ consumer.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, MutableMapping
 
 from opentelemetry import metrics, propagate, trace
@@ -48,7 +49,8 @@ def setup_telemetry(
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True)))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True,
+                                                                        timeout=5)))
     trace.set_tracer_provider(provider)
 
     readers: list[MetricReader] = []
@@ -66,21 +68,31 @@ def setup_telemetry(
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=otlp_endpoint, insecure=True)))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=otlp_endpoint, insecure=True,
+                                                                        timeout=5)))
     metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
     _configured = True
 
 
 def shutdown_telemetry(timeout_seconds: float = 2.0) -> None:
-    """Flush what is buffered and stop the exporters, within a bound: a slow collector must not
-    hold up a service's stop (the SDK's own exit hook would wait up to 30 s)."""
-    millis = timeout_seconds * 1000
+    """Flush what is buffered and stop the exporters, within a bound: a slow or absent collector
+    must not hold up a service's stop (the SDK's own exit hook may wait 30 s and more).
+
+    The SDK does not honour every timeout it is given, so the work runs in a daemon thread
+    that is abandoned when the bound is reached.
+    """
     tracer_provider, meter_provider = trace.get_tracer_provider(), metrics.get_meter_provider()
-    if isinstance(tracer_provider, TracerProvider):
-        tracer_provider.force_flush(timeout_millis=millis)
-        tracer_provider.shutdown()
-    if isinstance(meter_provider, MeterProvider):
-        meter_provider.shutdown(timeout_millis=millis)
+
+    def flush_and_stop() -> None:
+        if isinstance(tracer_provider, TracerProvider):
+            tracer_provider.force_flush(timeout_millis=timeout_seconds * 1000)
+            tracer_provider.shutdown()
+        if isinstance(meter_provider, MeterProvider):
+            meter_provider.shutdown(timeout_millis=timeout_seconds * 1000)
+
+    worker = threading.Thread(target=flush_and_stop, name="telemetry-shutdown", daemon=True)
+    worker.start()
+    worker.join(timeout_seconds)
 
 
 def tracer(name: str = "mnemesh") -> trace.Tracer:

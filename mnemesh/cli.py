@@ -29,7 +29,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def cmd_serve(ns: argparse.Namespace) -> int:
     from libs.rpc import PortInUse
     from libs.runtime import InfrastructureError, run_service
-    from libs.telemetry import MetricsPortInUse
+    from libs.telemetry import MetricsPortInUse, shutdown_telemetry
     from mnemesh.registry import load_bootstrap
 
     settings = _settings()
@@ -39,6 +39,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     except (InfrastructureError, ConfigError, PortInUse, MetricsPortInUse) as exc:
         print(f"mnemesh serve {ns.service}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        shutdown_telemetry()
     return 0
 
 

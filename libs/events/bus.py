@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,7 @@ from libs.events.envelope import Envelope, MalformedEvent
 from libs.events.schema import dead_letter_stream
 from libs.logs import get_logger
 from libs.telemetry import extract, tracer
+from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["EventBus", "Handler"]
 
@@ -79,6 +81,7 @@ class EventBus:
         max_deliveries: int = 5,
         min_idle_ms: int = 30_000,
         maxlen: int = 100_000,
+        retention_ms: int = 86_400_000,
         namespace: str = "",
     ) -> None:
         self.broker = RedisBroker(redis_url, graceful_timeout=2.5, logger=logging.getLogger("mnemesh.bus"),
@@ -86,7 +89,7 @@ class EventBus:
         self.consumer_name = consumer_name
         self.max_deliveries = max_deliveries
         self.min_idle_ms = min_idle_ms
-        self.maxlen = maxlen
+        self.maxlen, self.retention_ms = maxlen, retention_ms
         self.namespace = namespace
         meter = metrics.get_meter("mnemesh.bus")
         self._handled = meter.create_counter("stream_events_handled", description="events handled, by outcome")
@@ -147,30 +150,39 @@ class EventBus:
         await self.broker.stop()
 
     async def trim(self) -> dict[str, int]:
-        """Trim the streams this bus uses to about `maxlen`, but never past an entry some group still needs.
+        """Trim the streams this bus uses, never removing an entry someone may still need.
 
-        An entry goes only once every consumer group has read and acknowledged it; a
-        stream nobody consumes keeps its newest `maxlen` entries. Returns the entries
-        removed per stream.
+        Only streams longer than `maxlen` are trimmed, and only of entries that are older
+        than `retention_ms` (a consumer group created later can still replay that window;
+        beyond it, projections rebuild from PostgreSQL) and that every existing consumer
+        group has read and acknowledged. Returns the entries removed per stream.
         """
         redis = await self.redis()
         removed = {}
         for stream in sorted(self._streams):
             if await redis.xlen(stream) <= self.maxlen:
                 continue
-            floor = None
+            floor = f"{int(time.time() * 1000) - self.retention_ms}-0"
             for group in await redis.xinfo_groups(stream):
                 needed = [group["last-delivered-id"]]
                 pending = await redis.xpending(stream, group["name"])
                 if pending["pending"]:
                     needed.append(pending["min"])
-                oldest = min(needed, key=_entry_order)
-                floor = oldest if floor is None else min(floor, oldest, key=_entry_order)
-            if floor is None:
-                removed[stream] = await redis.xtrim(stream, maxlen=self.maxlen, approximate=True)
-            else:
-                removed[stream] = await redis.xtrim(stream, minid=floor, approximate=True)
+                floor = min([floor, *needed], key=_entry_order)
+            removed[stream] = await redis.xtrim(stream, minid=floor, approximate=True)
         return removed
+
+    async def prune_consumers(self, idle_ms: int = 3_600_000) -> int:
+        """Remove consumers of this bus's groups that hold nothing and have been idle a long time
+        (each process restart names a new consumer; the old names would pile up)."""
+        redis = await self.redis()
+        pruned = 0
+        for stream, group in self._subscriptions:
+            for consumer in await redis.xinfo_consumers(stream, group):
+                name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
+                if name != self.consumer_name and consumer["pending"] == 0 and consumer["idle"] > idle_ms:
+                    pruned += await redis.xgroup_delconsumer(stream, group, name) >= 0
+        return pruned
 
     async def _deliver(
         self, stream: str, group: str, handler: Handler, body: dict[str, Any], msg: RedisStreamMessage
@@ -206,6 +218,12 @@ class EventBus:
     async def _on_failure(self, stream: str, group: str, entry_id: str, fields: dict[str, str], exc: Exception,
                           msg: RedisStreamMessage) -> None:
         deliveries = await msg.get_delivery_count()
+        if isinstance(exc, TRANSIENT_ERRORS):
+            # The event is fine; what it needs is away. It stays pending however long that takes.
+            log.warning("event handler waits for its infrastructure", stream=stream, group=group,
+                        entry_id=entry_id, deliveries=deliveries, error=str(exc))
+            self._handled.add(1, {"stream": stream, "group": group, "outcome": "retry"})
+            return
         # A non-retryable domain error means the event itself is wrong (e.g. a command that fails
         # validation): retrying cannot help, so it is dead-lettered at once.
         permanent = isinstance(exc, DomainError) and not exc.retryable
@@ -234,6 +252,7 @@ class EventBus:
             "dead.failed_at": datetime.now(UTC).isoformat(),
             "dead.reason": json.dumps(reason, ensure_ascii=False),
         }
-        await (await self.redis()).xadd(dead_letter_stream(stream), dead, maxlen=self.maxlen, approximate=True)
+        # Never trimmed: a dead letter may be the only copy left, kept until someone replays or drops it.
+        await (await self.redis()).xadd(dead_letter_stream(stream), dead)
         self._handled.add(1, {"stream": stream, "group": group, "outcome": "dead_letter"})
         log.warning("event dead-lettered", stream=stream, group=group, entry_id=entry_id, **reason)

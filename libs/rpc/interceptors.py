@@ -12,9 +12,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
-import psycopg
-import psycopg_pool
-import redis.exceptions
 from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -23,14 +20,12 @@ from libs.errors import DeadlineExceeded, DomainError, Internal, PermissionDenie
 from libs.logs import get_logger
 from libs.rpc.status import status_for
 from libs.telemetry import extract, tracer
+from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["CallPipeline"]
 
 log = get_logger(__name__)
 _PUBLIC = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-# Failures of what a call depends on: retryable UNAVAILABLE, not INTERNAL.
-INFRASTRUCTURE_ERRORS = (psycopg.OperationalError, psycopg_pool.PoolTimeout, redis.exceptions.ConnectionError,
-                         redis.exceptions.TimeoutError, ConnectionError)
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
 
 
@@ -106,13 +101,13 @@ class CallPipeline(grpc.aio.ServerInterceptor):
             return exc
         if isinstance(exc, NotImplementedError):
             return Unimplemented("this method is not available yet", hint="see the API table in the README")
-        if isinstance(exc, INFRASTRUCTURE_ERRORS):
-            log.warning("rpc failed on infrastructure", method=method, error=str(exc))
-            return Unavailable(f"a dependency is unreachable ({type(exc).__name__})",
-                               hint="retry with backoff; operators: check PostgreSQL and Redis")
         if isinstance(exc, TimeoutError) and server_deadline is not None and server_deadline.expired():
             return DeadlineExceeded(f"the call took longer than the server's {self.default_deadline:.0f} s limit",
                                     hint="send a deadline of your own, or ask for less")
+        if isinstance(exc, TRANSIENT_ERRORS):
+            log.warning("rpc failed on infrastructure", method=method, error=str(exc))
+            return Unavailable(f"a dependency is unreachable ({type(exc).__name__})",
+                               hint="retry with backoff; operators: check PostgreSQL and Redis")
         span.record_exception(exc)
         log.error("rpc failed", method=method, exc_info=exc)
         trace_id = format(span.get_span_context().trace_id, "032x")

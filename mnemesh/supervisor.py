@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -27,11 +26,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config import SERVICES, Settings
 from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
-from mnemesh.processes import guarded
+from mnemesh.processes import DataFolderBusy, data_folder_lock, guarded
 
 __all__ = ["check_health", "print_table", "run_mesh", "status_file"]
 
-STOP_TIMEOUT = 6.0  # services drain within their own 3 s grace; the rest is margin
+# A service stops within 0.5 s (health drain) + its grace + 2.5 s (consumers finish in-flight
+# events); the supervisor allows that plus half a second before it kills.
+SERVICE_STOP_OVERHEAD = 3.5
 HEALTH_TIMEOUT = 180.0
 
 
@@ -46,26 +47,6 @@ async def check_health(address: str, timeout: float = 2.0) -> bool:
         except grpc.aio.AioRpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-@contextlib.contextmanager
-def data_folder_lock(settings: Settings):
-    """Hold the data folder for this run; a second run gets a clear refusal."""
-    path = settings.data_dir.resolve() / "run" / "lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "?"
-            raise InfrastructureError(
-                f"another `mnemesh run` (pid {holder}) is using the data folder {path.parent.parent}: stop it "
-                "first (Ctrl-C in its terminal), or set MNEMESH_DATA_DIR to another folder") from None
-        lock.truncate(0)
-        lock.write(str(os.getpid()))
-        lock.flush()
-        yield
 
 
 def check_ports(settings: Settings) -> None:
@@ -148,7 +129,7 @@ class Supervisor:
                         self.spawn(child)
                 elif child.process and child.process.poll() is not None:
                     # A child that ran a good while had a fresh failure, not a crash loop.
-                    delay = 1.0 if now - child.started_at > 60 else min(30.0, 2.0 ** child.restarts)
+                    delay = 1.0 if now - child.started_at > 60 else min(30.0, 2.0 ** min(child.restarts, 5))
                     child.restarts += 1
                     child.restart_at = now + delay
                     print(f"  {child.name} exited with code {child.process.returncode}; restart {child.restarts} "
@@ -160,12 +141,13 @@ class Supervisor:
         running = [c for c in self.children.values() if c.process and c.process.poll() is None]
         for child in running:
             child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
+        allowed = self.settings.shutdown_grace_seconds + SERVICE_STOP_OVERHEAD
+        deadline = time.monotonic() + allowed
         while time.monotonic() < deadline and any(c.process.poll() is None for c in running):
             await asyncio.sleep(0.1)
         for child in running:
             if child.process.poll() is None:
-                print(f"  {child.name} did not stop in {STOP_TIMEOUT:.0f} s; killing it", flush=True)
+                print(f"  {child.name} did not stop in {allowed:.1f} s; killing it", flush=True)
                 child.process.kill()
                 child.process.wait()
 
@@ -235,7 +217,7 @@ async def run_mesh(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"Mnemesh: starting the mesh (data folder {settings.data_dir.resolve()})", flush=True)
     try:
-        with data_folder_lock(settings):
+        with data_folder_lock(settings.data_dir):
             check_ports(settings)
             infra = await _start_infrastructure(settings, stop)
             if infra is None:
@@ -246,6 +228,6 @@ async def run_mesh(settings: Settings) -> int:
             finally:
                 await asyncio.to_thread(infra.stop)
                 print("Stopped.", flush=True)
-    except InfrastructureError as exc:
+    except (InfrastructureError, DataFolderBusy) as exc:
         print(f"cannot start the mesh: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -13,6 +13,7 @@ returned; SIGTERM and Ctrl-C are passed on to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import redis
 
 from libs.config import load_settings
 from mnemesh.infra import InfrastructureError, start_infrastructure
+from mnemesh.processes import DataFolderBusy, data_folder_lock
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -62,6 +64,11 @@ async def main(command: list[str]) -> int:
             env["REDIS_URL"] = LOCAL_REDIS
         if not env.get("DATABASE_URL") and (local := _postgres_test_db(LOCAL_POSTGRES)):
             env["DATABASE_URL"] = local
+    with contextlib.ExitStack() as stack:
+        return await _run(command, env, stack)
+
+
+async def _run(command: list[str], env: dict[str, str], stack: contextlib.ExitStack) -> int:
     infra = None
     if not env.get("REDIS_URL") or not env.get("DATABASE_URL"):
         print("test infrastructure: starting embedded servers for what is not configured", flush=True)
@@ -69,8 +76,9 @@ async def main(command: list[str]) -> int:
                                  data_dir=Path(".mnemesh/test"), embedded_redis_port=_free_port(),
                                  embedded_postgres_port=_free_port())
         try:
+            stack.enter_context(data_folder_lock(settings.data_dir, holder="make test"))
             infra = await start_infrastructure(settings)
-        except InfrastructureError as exc:
+        except (InfrastructureError, DataFolderBusy) as exc:
             print(f"test infrastructure: {exc}", file=sys.stderr)
             return 2
         env.update(infra.env())
@@ -78,8 +86,10 @@ async def main(command: list[str]) -> int:
     try:
         proc = await asyncio.create_subprocess_exec(*command, env=env)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, proc.send_signal, sig)
+        # SIGTERM is passed on; a Ctrl-C already reaches the command through the terminal, so it is
+        # only kept from stopping us before the command has finished.
+        loop.add_signal_handler(signal.SIGTERM, proc.send_signal, signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
         return await proc.wait()
     finally:
         if infra:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -78,3 +79,15 @@ def test_a_token_signed_by_another_key_fails_against_the_jwks(jwks_url: str) -> 
 def test_rs256_without_a_key_source_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="MNEMESH_JWT_JWKS_URL or MNEMESH_JWT_PUBLIC_KEY_FILE"):
         TokenVerifier(load_settings(jwt_algorithm="RS256"))
+
+
+def test_an_unreachable_jwks_endpoint_is_unavailable_not_a_bad_token(key: rsa.RSAPrivateKey) -> None:
+    from libs.errors import Unavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    verifier = TokenVerifier(load_settings(jwt_algorithm="RS256", jwt_jwks_url=f"http://127.0.0.1:{closed}/jwks"))
+    with pytest.raises(Unavailable) as caught:
+        verifier.verify(token(key))
+    assert caught.value.retryable and "MNEMESH_JWT_JWKS_URL" in caught.value.hint

@@ -34,12 +34,13 @@ def guarded(cmd: list[str], *, on_parent_death: str = "TERM", user: tuple[int, i
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    """The start time of a live process in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after the command name, which may hold spaces
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return None if fields[0] == "Z" else fields[19]  # a zombie has exited already
 
 
 def write_pidfile(path: Path, pid: int) -> None:

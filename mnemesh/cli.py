@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default="-")
     p.set_defaults(func=cmd_asyncapi)
 
+    from mnemesh.client_cli import add_client_commands
+
+    add_client_commands(sub, _settings)
+
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
     p.add_argument("name", help="eventstore, bus or list")
     p.add_argument("--repetitions", type=int, default=200)

@@ -97,7 +97,12 @@ def mesh(tmp_path_factory) -> Iterator[Mesh]:
         yield mesh
     finally:
         if mesh.process.poll() is None:
-            os.killpg(mesh.process.pid, signal.SIGKILL)
+            mesh.process.send_signal(signal.SIGTERM)
+            try:
+                mesh.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(mesh.process.pid, signal.SIGKILL)
+                mesh.process.wait()
 
 
 def alive(pid: int) -> bool:
@@ -140,6 +145,24 @@ def test_a_memory_written_through_the_mesh_is_found_by_search(mesh: Mesh) -> Non
             assert time.monotonic() < deadline, "the written memory never became searchable"
             time.sleep(0.2)
     assert hits[0].memory.memory_id == written.memory_id and not hits[0].must_confirm
+
+
+def test_the_cli_writes_searches_and_talks_to_a_session(mesh: Mesh) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mnemesh", *args, "--tenant", "cli-tenant"], env=mesh.env,
+                              capture_output=True, text=True, timeout=30)
+
+    written = cli("memory", "write", "我喜欢喝绿茶 and oolong")
+    assert written.returncode == 0, written.stderr
+    deadline = time.monotonic() + 30
+    while (found := cli("memory", "search", "绿茶")).stdout.startswith("no memories"):
+        assert time.monotonic() < deadline, "never found"
+    assert written.stdout.split()[0] in found.stdout and "绿茶" in found.stdout
+    empty = cli("memory", "write", "   ")
+    assert empty.returncode == 1 and "error (validation): content: must not be empty" in empty.stderr
+    assert cli("session", "send", "cli-session", "hello", "--expected-version", "0").stdout.startswith("version 1")
+    stale = cli("session", "send", "cli-session", "again", "--expected-version", "0")
+    assert stale.returncode == 1 and "error (conflict)" in stale.stderr and "Subscribe" in stale.stderr
 
 
 def test_status_lists_every_service_as_serving(mesh: Mesh) -> None:

@@ -1,0 +1,174 @@
+"""`mnemesh memory|tools|session ...`: talk to a running mesh over gRPC, as a platform team would.
+
+A token comes from MNEMESH_TOKEN, or is minted with the development secret for
+--tenant (the default of a local mesh). Failures print the structured error the
+service answered with, and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from libs.auth import issue_token
+from libs.config import Settings
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+from libs.rpc import channel, error_detail
+
+__all__ = ["add_client_commands"]
+
+LAYERS = {name.removeprefix("MEMORY_LAYER_").lower(): value
+          for name, value in common_pb2.MemoryLayer.items() if value}
+SOURCES = {name.removeprefix("SOURCE_KIND_").lower(): value
+           for name, value in common_pb2.SourceKind.items() if value}
+
+
+def _token(settings: Settings, ns: argparse.Namespace) -> str:
+    return os.environ.get("MNEMESH_TOKEN") or issue_token(settings, subject=ns.user, tenant_id=ns.tenant,
+                                                           scopes=["*"], ttl_seconds=600)
+
+
+def _address(settings: Settings, service: str) -> str:
+    return f"{settings.host}:{settings.grpc_port(service)}"
+
+
+def _run(settings: Settings, ns: argparse.Namespace, service: str,
+         call: Callable[[grpc.aio.Channel], Awaitable[None]]) -> int:
+    async def go() -> None:
+        async with channel(_address(settings, service), _token(settings, ns)) as ch:
+            await call(ch)
+
+    try:
+        asyncio.run(go())
+    except grpc.aio.AioRpcError as exc:
+        detail = error_detail(exc)
+        if detail is not None:
+            where = f"{detail.field}: " if detail.field else ""
+            hint = f"\n  hint: {detail.hint}" if detail.hint else ""
+            print(f"error ({detail.error_type}): {where}{detail.reason}{hint}", file=sys.stderr)
+        elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+            print(f"cannot reach {service} at {_address(settings, service)}: is the mesh running? "
+                  "(`make run`, then `mnemesh status`)", file=sys.stderr)
+        else:
+            print(f"error ({exc.code().name}): {exc.details()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def memory_write(settings: Settings, ns: argparse.Namespace) -> int:
+    async def call(ch: grpc.aio.Channel) -> None:
+        reply = await memory_pb2_grpc.MemoryWriterStub(ch).Write(memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(user_id=ns.user, session_id=ns.session), layer=LAYERS[ns.layer],
+            source=SOURCES[ns.source], content=ns.content, key=ns.key, tags=ns.tag or [], step_id=ns.step_id,
+            idempotency_key=ns.idempotency_key), timeout=10)
+        print(f"{reply.memory_id}{'  (duplicate of an earlier write)' if reply.duplicate else ''}")
+
+    return _run(settings, ns, "memory-writer", call)
+
+
+def memory_search(settings: Settings, ns: argparse.Namespace) -> int:
+    async def call(ch: grpc.aio.Channel) -> None:
+        reply = await memory_pb2_grpc.RetrieverStub(ch).Search(memory_pb2.SearchRequest(
+            tenant=common_pb2.TenantContext(user_id=ns.for_user), query=ns.query, limit=ns.limit,
+            layers=[LAYERS[layer] for layer in ns.layer or []]), timeout=10)
+        if not reply.hits:
+            print("no memories match")
+        for hit in reply.hits:
+            confirm = "  (confirm before use)" if hit.must_confirm else ""
+            print(f"{hit.score:.3f}  {hit.memory.memory_id}  {hit.memory.content}{confirm}")
+
+    return _run(settings, ns, "retriever", call)
+
+
+def tools_list(settings: Settings, ns: argparse.Namespace) -> int:
+    async def call(ch: grpc.aio.Channel) -> None:
+        reply = await tools_pb2_grpc.ToolGatewayStub(ch).ListTools(tools_pb2.ListToolsRequest(), timeout=10)
+        if not reply.tools:
+            print("no tools registered")
+        for tool in reply.tools:
+            print(f"{tool.name} {tool.version}  {tool.description}")
+
+    return _run(settings, ns, "tool-gateway", call)
+
+
+def session_send(settings: Settings, ns: argparse.Namespace) -> int:
+    async def call(ch: grpc.aio.Channel) -> None:
+        reply = await sessions_pb2_grpc.OrchestratorStub(ch).Send(sessions_pb2.SendRequest(
+            tenant=common_pb2.TenantContext(user_id=ns.user), session_id=ns.session_id, device_id=ns.device,
+            text=ns.text, expected_version=ns.expected_version, idempotency_key=ns.idempotency_key), timeout=10)
+        print(f"version {reply.version}, state {reply.state}")
+
+    return _run(settings, ns, "orchestrator", call)
+
+
+def session_follow(settings: Settings, ns: argparse.Namespace) -> int:
+    async def call(ch: grpc.aio.Channel) -> None:
+        stream = sessions_pb2_grpc.OrchestratorStub(ch).Subscribe(sessions_pb2.SubscribeRequest(
+            session_id=ns.session_id, from_version=ns.from_version))
+        async for event in stream:
+            if event.HasField("message_appended"):
+                m = event.message_appended
+                print(f"{event.version}  {m.role}@{m.device_id}: {m.text}", flush=True)
+            else:
+                s = event.state_changed
+                print(f"{event.version}  state {s.from_state} -> {s.to_state} ({s.reason})", flush=True)
+
+    try:
+        return _run(settings, ns, "orchestrator", call)
+    except KeyboardInterrupt:
+        return 0
+
+
+def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[], Settings]) -> None:
+    def bind(fn):
+        return lambda ns: fn(settings_of(), ns)
+
+    def identity(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tenant", default="default", help="tenant of the minted token (default: default)")
+        p.add_argument("--user", default="dev", help="user id (default: dev)")
+
+    memory = sub.add_parser("memory", help="write and search memories").add_subparsers(dest="verb", required=True)
+    p = memory.add_parser("write", help="write one memory; prints its id")
+    p.add_argument("content")
+    p.add_argument("--layer", choices=list(LAYERS), default="long_term")
+    p.add_argument("--source", choices=list(SOURCES), default="user_statement")
+    p.add_argument("--session", default="")
+    p.add_argument("--key", default="", help="entity key, e.g. user.phone (entity layer)")
+    p.add_argument("--step-id", default="", help="the step id (step layer)")
+    p.add_argument("--tag", action="append")
+    p.add_argument("--idempotency-key", default="")
+    identity(p)
+    p.set_defaults(func=bind(memory_write))
+    p = memory.add_parser("search", help="search memories of the tenant")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--layer", action="append", choices=list(LAYERS))
+    p.add_argument("--for-user", default="", help="only this user's memories")
+    identity(p)
+    p.set_defaults(func=bind(memory_search))
+
+    tools = sub.add_parser("tools", help="the tool registry").add_subparsers(dest="verb", required=True)
+    p = tools.add_parser("list", help="list registered tools")
+    identity(p)
+    p.set_defaults(func=bind(tools_list))
+
+    session = sub.add_parser("session", help="talk to a session").add_subparsers(dest="verb", required=True)
+    p = session.add_parser("send", help="append a user message")
+    p.add_argument("session_id")
+    p.add_argument("text")
+    p.add_argument("--device", default="cli")
+    p.add_argument("--expected-version", type=int, default=-1, help="the version this device saw (-1: any)")
+    p.add_argument("--idempotency-key", default="")
+    identity(p)
+    p.set_defaults(func=bind(session_send))
+    p = session.add_parser("follow", help="print a session's events from a version on, then live (Ctrl-C ends)")
+    p.add_argument("session_id")
+    p.add_argument("--from-version", type=int, default=0)
+    identity(p)
+    p.set_defaults(func=bind(session_follow))

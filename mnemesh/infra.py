@@ -113,19 +113,24 @@ def _reap(name: str, data: Path, say, stop_signal: int = signal.SIGTERM) -> None
 
 
 async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) -> None:
+    """Wait until `check` passes; on failure or cancellation, stop `proc` before raising."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        if proc.process.poll() is not None:
-            raise InfrastructureError(f"embedded {what} exited with code {proc.process.returncode}; "
-                                      f"its log ({proc.log}) ends with:\n{proc.tail()}")
-        try:
-            await check()
-            return
-        except (OSError, psycopg.OperationalError, redis.exceptions.ConnectionError):
-            if asyncio.get_running_loop().time() > deadline:
-                raise InfrastructureError(f"embedded {what} did not answer within {timeout:.0f} s; "
-                                          f"see {proc.log}") from None
-            await asyncio.sleep(0.2)
+    try:
+        while True:
+            if proc.process.poll() is not None:
+                raise InfrastructureError(f"embedded {what} exited with code {proc.process.returncode}; "
+                                          f"its log ({proc.log}) ends with:\n{proc.tail()}")
+            try:
+                await check()
+                return
+            except (OSError, psycopg.OperationalError, redis.exceptions.ConnectionError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise InfrastructureError(f"embedded {what} did not answer within {timeout:.0f} s; "
+                                              f"see {proc.log}") from None
+                await asyncio.sleep(0.2)
+    except BaseException:
+        Infrastructure("", "", "", [proc]).stop()
+        raise
 
 
 def _port_or_fail(port: int, what: str, setting: str, url_setting: str) -> None:
@@ -157,11 +162,7 @@ async def _embedded_redis(settings: Settings, data: Path, say) -> tuple[str, Emb
         finally:
             await client.aclose()
 
-    try:
-        await _wait(ping, "Redis", proc)
-    except BaseException:
-        Infrastructure("", "", "", [proc]).stop()
-        raise
+    await _wait(ping, "Redis", proc)
     return url, proc
 
 
@@ -252,11 +253,7 @@ async def _embedded_postgres(settings: Settings, data: Path, say) -> tuple[str, 
         finally:
             await conn.close()
 
-    try:
-        await _wait(connect, "PostgreSQL", proc)
-    except BaseException:
-        Infrastructure("", "", "", [proc]).stop()
-        raise
+    await _wait(connect, "PostgreSQL", proc)
     return f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}", proc
 
 

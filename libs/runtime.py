@@ -50,6 +50,8 @@ class ServiceContext:
     bus: EventBus
     outbox: Outbox
     event_store: EventStore
+    # Verifies bearer tokens for entry points other than gRPC (e.g. HTTP); None when auth is disabled.
+    verifier: TokenVerifier | None = None
     registrations: list[Registration] = field(default_factory=list)
     tasks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -118,7 +120,7 @@ async def run_service(
                    maxlen=settings.stream_maxlen, retention_ms=int(settings.stream_retention_hours * 3_600_000),
                    namespace=settings.namespace)
     outbox = Outbox(db)
-    ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db))
+    ctx = ServiceContext(name, settings, db, bus, outbox, EventStore(db), verifier)
     ctx.closers.append(ctx.event_store.close)
     await bootstrap(ctx)
     relay = OutboxRelay(outbox, bus, poll_seconds=settings.outbox_poll_seconds)

@@ -61,6 +61,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
     rows = [(name, s["grpc"], "SERVING" if ok else "NOT SERVING", s["metrics"], s["log"])
             for (name, s), ok in zip(status["services"].items(), health, strict=True)]
     print_table(rows, ("service", "gRPC", "health", "metrics", "log"))
+    if "mcp" in status:
+        print(f"  MCP for agents (tool-gateway): {status['mcp']}")
     for part, where in status["infrastructure"].items():
         print(f"  {part}: {where}")
     return 0 if all(health) else 1

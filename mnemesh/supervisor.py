@@ -28,7 +28,7 @@ from libs.config import SERVICES, Settings
 from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock, guarded
 
-__all__ = ["check_health", "print_table", "run_mesh", "status_file"]
+__all__ = ["check_health", "mcp_url", "print_table", "run_mesh", "status_file"]
 
 # A service stops within 0.5 s (health drain) + its grace + 2.5 s (consumers finish in-flight
 # events); the supervisor allows that plus half a second before it kills.
@@ -49,13 +49,21 @@ async def check_health(address: str, timeout: float = 2.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def mcp_url(settings: Settings) -> str:
+    return f"http://{settings.host}:{settings.mcp_http_port}/mcp"
+
+
 def check_ports(settings: Settings) -> None:
+    ports: list[tuple[str, int, str]] = []
     for name in SERVICES:
         key = name.upper().replace("-", "_")
-        for kind, port in (("GRPC", settings.grpc_port(name)), ("METRICS", settings.metrics_port(name))):
-            if port and not port_free(port, settings.host):
-                raise InfrastructureError(f"port {port} for {name} is in use: stop what holds it, or set "
-                                          f"MNEMESH_{key}_{kind}_PORT to a free port")
+        ports += [(name, settings.grpc_port(name), f"MNEMESH_{key}_GRPC_PORT"),
+                  (name, settings.metrics_port(name), f"MNEMESH_{key}_METRICS_PORT")]
+    ports.append(("the MCP endpoint (tool-gateway)", settings.mcp_http_port, "MNEMESH_MCP_HTTP_PORT"))
+    for name, port, setting in ports:
+        if port and not port_free(port, settings.host):
+            raise InfrastructureError(f"port {port} for {name} is in use: stop what holds it, or set "
+                                      f"{setting} to a free port")
 
 
 @dataclass
@@ -157,6 +165,7 @@ class Supervisor:
         path.write_text(json.dumps({
             "supervisor_pid": os.getpid(),
             "infrastructure": {"redis": infra.redis_url, "postgres": infra.database_url, "qdrant": infra.qdrant},
+            "mcp": mcp_url(self.settings),
             "services": {c.name: {"grpc": c.address, "metrics": c.metrics, "log": str(c.log),
                                   "pid": c.process.pid if c.process else None} for c in self.children.values()},
         }, indent=2))
@@ -201,6 +210,7 @@ async def _serve(settings: Settings, infra: Infrastructure, stop: asyncio.Event)
             print("\nThe mesh is up:", flush=True)
             print_table([(c.name, c.address, c.metrics, str(c.log)) for c in sup.children.values()],
                         ("service", "gRPC", "metrics", "log"))
+            print(f"\n  MCP for agents (tool-gateway, Streamable HTTP): {mcp_url(settings)}", flush=True)
             print("\n  `mnemesh status` shows this again; Ctrl-C stops everything.", flush=True)
             await sup.supervise(stop)
     finally:

@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx2
 import psutil
 import pytest
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from libs.auth import issue_token
 from libs.config import SERVICES, load_settings
@@ -39,7 +42,8 @@ class Mesh:
                     if k not in ("REDIS_URL", "DATABASE_URL", "QDRANT_URL") and not k.startswith("MNEMESH_")}
         self.env |= {"MNEMESH_DATA_DIR": str(data_dir), "MNEMESH_JWT_SECRET": "e2e-secret-0123456789abcdefghijklmnop",
                      "MNEMESH_EMBEDDED_REDIS_PORT": str(free_port()),
-                     "MNEMESH_EMBEDDED_POSTGRES_PORT": str(free_port())}
+                     "MNEMESH_EMBEDDED_POSTGRES_PORT": str(free_port()),
+                     "MNEMESH_MCP_HTTP_PORT": str(free_port())}
         self.ports = {}
         for name in SERVICES:
             key = name.upper().replace("-", "_")
@@ -171,6 +175,7 @@ def test_status_lists_every_service_as_serving(mesh: Mesh) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     for name in SERVICES:
         assert any(name in line and "SERVING" in line and "NOT" not in line for line in result.stdout.splitlines())
+    assert f"MCP for agents (tool-gateway): http://127.0.0.1:{mesh.env['MNEMESH_MCP_HTTP_PORT']}/mcp" in result.stdout
 
 
 def test_each_service_serves_prometheus_metrics_including_rpc_counts(mesh: Mesh) -> None:
@@ -195,6 +200,23 @@ def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: M
                                                         metadata=[("authorization", f"Bearer {mesh.token()}")])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "examples[0]" in caught.value.details() and "phone" in caught.value.details()
+
+
+async def test_an_agent_lists_a_registered_tool_over_mcp_and_is_told_calls_are_not_available(mesh: Mesh) -> None:
+    schema = struct_pb2.Struct()
+    schema.update({"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]})
+    tool = common_pb2.ToolSpec(name="shop.order_status", description="The status of an order, by its id.",
+                               input_schema=schema, version="1.0.0")
+    with mesh.channel("tool-gateway") as ch:
+        tools_pb2_grpc.ToolGatewayStub(ch).RegisterTool(tools_pb2.RegisterToolRequest(tool=tool), timeout=5,
+                                                        metadata=[("authorization", f"Bearer {mesh.token()}")])
+    url = f"http://127.0.0.1:{mesh.env['MNEMESH_MCP_HTTP_PORT']}/mcp"
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {mesh.token()}"}, timeout=10) as http,
+                Client(streamable_http_client(url, http_client=http)) as client):
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        result = await client.call_tool("shop.order_status", {"order_id": "o-1"})
+    assert listed["shop.order_status"].input_schema["required"] == ["order_id"]
+    assert result.is_error and result.structured_content["error_type"] == "unimplemented"
 
 
 def test_a_second_run_on_the_same_data_folder_is_refused_with_a_clear_message(mesh: Mesh) -> None:

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 
 import pytest
+import structlog
 from opentelemetry.sdk.trace import TracerProvider
 
 from libs.logs import configure_logging, get_logger
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """configure_logging binds logs to this test's captured stderr, closed afterwards: undo it, so that
+    later tests whose code logs do not write to a closed file."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_a_log_line_inside_a_span_carries_its_trace_and_span_ids(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""Tool specs and registration, through a fake registry."""
+"""Tool specs, registration, what agents are offered, and calls, through a fake registry."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ from dataclasses import replace
 import pytest
 from fakes import FakeRegistry
 
-from libs.errors import Conflict, ValidationFailed
-from services.tool_gateway.domain import ToolSpec, validate_spec
-from services.tool_gateway.service_layer.handlers import list_tools, register_tool
+from libs.errors import Conflict, NotFound, Unimplemented, ValidationFailed
+from services.tool_gateway.domain import CallTool, ToolSpec, current_versions, validate_spec
+from services.tool_gateway.service_layer.handlers import (
+    call_tool,
+    list_current_tools,
+    list_tools,
+    register_tool,
+)
 
 INPUT = {
     "type": "object",
@@ -128,3 +133,32 @@ async def test_an_invalid_spec_is_never_stored() -> None:
     with pytest.raises(ValidationFailed):
         await register_tool(a_spec(version="one"), registry)
     assert registry.tools == {} and registry.announced == []
+
+
+def test_agents_get_each_tool_once_at_its_highest_version_compared_as_numbers() -> None:
+    specs = [a_spec(version="1.9.0"), a_spec(version="1.10.0"), a_spec(name="a.tool")]
+    assert [(s.name, s.version) for s in current_versions(specs)] == [("a.tool", "1.0.0"),
+                                                                      ("crm.get_customer", "1.10.0")]
+
+
+async def test_the_current_tools_come_from_the_registry() -> None:
+    registry = FakeRegistry()
+    for version in ("1.0.0", "2.0.0"):
+        await registry.register(a_spec(version=version))
+    assert [s.version for s in await list_current_tools(registry)] == ["2.0.0"]
+
+
+async def test_a_call_to_a_registered_tool_is_unimplemented_and_says_not_to_retry() -> None:
+    registry = FakeRegistry()
+    await registry.register(a_spec())
+    with pytest.raises(Unimplemented) as err:
+        await call_tool(CallTool(a_spec().name, {"id": "7"}), registry)
+    assert err.value.reason == "tool calls are not available yet"
+    assert (err.value.field, err.value.retryable) == ("", False)
+    assert "do not retry" in err.value.hint
+
+
+async def test_a_call_to_an_unknown_tool_is_not_found_on_the_name() -> None:
+    with pytest.raises(NotFound) as err:
+        await call_tool(CallTool("crm.nope"), FakeRegistry())
+    assert err.value.field == "name" and "crm.nope" in err.value.reason

@@ -1,3 +1,4 @@
-from services.tool_gateway.domain.registry import ToolSpec, validate_spec
+from services.tool_gateway.domain.commands import CallTool
+from services.tool_gateway.domain.registry import ToolSpec, current_versions, validate_spec
 
-__all__ = ["ToolSpec", "validate_spec"]
+__all__ = ["CallTool", "ToolSpec", "current_versions", "validate_spec"]

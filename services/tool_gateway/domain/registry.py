@@ -10,7 +10,7 @@ from jsonschema.exceptions import SchemaError
 
 from libs.errors import ValidationFailed
 
-__all__ = ["ToolSpec", "validate_spec"]
+__all__ = ["ToolSpec", "current_versions", "validate_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -70,3 +70,20 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
             raise ValidationFailed(f"does not validate against input_schema at {where}: {err.message}",
                                    field=f"examples[{i}]", hint="fix the example or the schema")
     return spec
+
+
+def _version_key(spec: ToolSpec) -> tuple[int, ...]:
+    return tuple(int(part) for part in spec.version.split("."))
+
+
+def current_versions(specs: list[ToolSpec]) -> list[ToolSpec]:
+    """One spec per name, the highest version, in name order.
+
+    Agents see a tool by its name alone (MCP names are unique), so they get the current version;
+    the older ones stay registered for callers that name a version, and for rollback.
+    """
+    current: dict[str, ToolSpec] = {}
+    for spec in specs:
+        if spec.name not in current or _version_key(spec) > _version_key(current[spec.name]):
+            current[spec.name] = spec
+    return [current[name] for name in sorted(current)]

@@ -27,6 +27,21 @@ from libs.events import Envelope
 __all__ = ["ANY_VERSION", "Checkpoint", "EventStore", "StoredEvent"]
 
 ANY_VERSION = -1
+_APPEND = """
+WITH current AS (SELECT coalesce(max(version), 0) AS version FROM events WHERE stream_id = %(stream)s),
+inserted AS (
+    INSERT INTO events (stream_id, version, event_id, event_type, schema_version, tenant_id, payload, metadata,
+                        occurred_at)
+    SELECT %(stream)s, current.version + e.ord, e.event_id, e.event_type, e.schema_version, e.tenant_id, e.payload,
+           e.metadata, e.occurred_at
+    FROM current, unnest(%(ids)s::uuid[], %(types)s::text[], %(versions)s::int[], %(tenants)s::text[],
+                         %(payloads)s::text[], %(metas)s::jsonb[], %(times)s::timestamptz[])
+                  WITH ORDINALITY AS e(event_id, event_type, schema_version, tenant_id, payload, metadata,
+                                       occurred_at, ord)
+    WHERE %(expected)s < 0 OR current.version = %(expected)s
+    RETURNING version)
+SELECT (SELECT max(version) FROM inserted), pg_notify(%(channel)s, %(stream)s)
+"""
 _COLUMNS = ("position, transaction_id::text AS transaction_id, stream_id, version, event_id::text AS event_id,"
             " event_type, schema_version, tenant_id, payload, metadata, occurred_at")
 
@@ -82,40 +97,38 @@ class EventStore:
         """Append inside the caller's transaction; return the stream's new version.
 
         `expected_version` is the version the writer saw (0: the stream must not
-        exist yet) or ANY_VERSION. Raises Conflict when another writer got there first.
+        exist yet) or ANY_VERSION. Raises Conflict when another writer got there first;
+        the caller's transaction must then be rolled back (nothing of it was appended).
+        One statement on the common path: read the version, insert, announce.
         """
         if not envelopes:
             raise ValueError("append needs at least one event")
         if expected_version == ANY_VERSION:
             # Serialise "append anywhere" writers of one stream; exact-version writers need no lock.
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"stream:{stream_id}"])
-        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", [stream_id])
-        current = (await cur.fetchone())[0]
-        if expected_version != ANY_VERSION and current != expected_version:
-            raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
-                           field="expected_version", hint="read the stream again and retry on the new version")
-        rows = [
-            (stream_id, current + i, e.event_id, e.event_type, e.schema_version, e.tenant_id, e.payload,
-             json.dumps({"correlation_id": e.correlation_id, "causation_id": e.causation_id,
-                         "traceparent": e.traceparent}), e.occurred_at)
-            for i, e in enumerate(envelopes, start=1)
-        ]
+        params = {
+            "stream": stream_id, "expected": expected_version, "channel": self.channel,
+            "ids": [e.event_id for e in envelopes], "types": [e.event_type for e in envelopes],
+            "versions": [e.schema_version for e in envelopes], "tenants": [e.tenant_id for e in envelopes],
+            "payloads": [e.payload for e in envelopes], "times": [e.occurred_at for e in envelopes],
+            "metas": [json.dumps({"correlation_id": e.correlation_id, "causation_id": e.causation_id,
+                                  "traceparent": e.traceparent}) for e in envelopes],
+        }
         try:
-            async with conn.transaction():  # a savepoint: a conflict leaves the caller's transaction usable
-                async with conn.cursor() as cur:
-                    await cur.executemany(
-                        "INSERT INTO events (stream_id, version, event_id, event_type, schema_version, tenant_id,"
-                        " payload, metadata, occurred_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        rows,
-                    )
+            cur = await conn.execute(_APPEND, params)
         except errors.UniqueViolation as exc:
             if exc.diag.constraint_name == "events_event_id_key":
                 raise Conflict("an event with this event_id is already stored", field="event_id",
                                retryable=False, hint="event ids are unique; this append was already done") from None
-            raise Conflict(f"stream {stream_id} moved past version {current} while appending",
+            raise Conflict(f"stream {stream_id} moved past version {expected_version} while appending",
                            field="expected_version", hint="read the stream again and retry") from None
-        await conn.execute("SELECT pg_notify(%s, %s)", [self.channel, stream_id])
-        return current + len(envelopes)
+        new_version = (await cur.fetchone())[0]
+        if new_version is None:  # the stream was not at the expected version: nothing was inserted
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", [stream_id])
+            current = (await cur.fetchone())[0]
+            raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
+                           field="expected_version", hint="read the stream again and retry on the new version")
+        return new_version
 
     async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000,
                           tenant_id: str | None = None) -> list[StoredEvent]:

@@ -52,9 +52,18 @@ async def bench_eventstore(settings: Settings, repetitions: int, warmup: int) ->
                     " payload, occurred_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                     [f"s-{i % 50}", i, e.event_id, e.event_type, 1, e.tenant_id, e.payload, e.occurred_at])
 
-        return [await run_case(Case("append 1 event", candidate, baseline,
-                                    "EventStore.append vs plain INSERT, one transaction each"),
-                               repetitions=repetitions, warmup=warmup)]
+        async def candidate_expected(i: int) -> None:
+            async with db.connection() as conn, conn.transaction():
+                await store.append(conn, f"new-{i}", 0, [_envelope(i)])  # a device's write: exact version
+
+        return [
+            await run_case(Case("append, any version", candidate, baseline,
+                                "EventStore.append(ANY_VERSION) vs plain INSERT, one transaction each"),
+                           repetitions=repetitions, warmup=warmup),
+            await run_case(Case("append, expected version", candidate_expected, baseline,
+                                "EventStore.append(expected=0) vs plain INSERT, one transaction each"),
+                           repetitions=repetitions, warmup=warmup),
+        ]
     finally:
         async with db.connection() as conn:
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

@@ -38,11 +38,15 @@ inserted AS (
                          %(payloads)s::text[], %(metas)s::jsonb[], %(times)s::timestamptz[])
                   WITH ORDINALITY AS e(event_id, event_type, schema_version, tenant_id, payload, metadata,
                                        occurred_at, ord)
-    WHERE %(expected)s < 0 OR current.version = %(expected)s
-    RETURNING version)
-SELECT (SELECT max(version) FROM inserted), pg_notify(%(channel)s, %(stream)s)
+    WHERE %(expected)s = -1 OR current.version = %(expected)s
+    ORDER BY e.ord
+    RETURNING version),
+appended AS (SELECT max(version) AS version FROM inserted)
+SELECT version, CASE WHEN version IS NOT NULL THEN pg_notify(%(channel)s, %(stream)s) END FROM appended
 """
-_COLUMNS = ("position, transaction_id::text AS transaction_id, stream_id, version, event_id::text AS event_id,"
+# The text form of the transaction id is named `tx`, not `transaction_id`: ORDER BY prefers an output
+# name over a column, and text order puts "1000" before "999".
+_COLUMNS = ("position, transaction_id::text AS tx, stream_id, version, event_id::text AS event_id,"
             " event_type, schema_version, tenant_id, payload, metadata, occurred_at")
 
 
@@ -78,7 +82,7 @@ class StoredEvent:
             correlation_id=meta.get("correlation_id", ""), causation_id=meta.get("causation_id", ""),
             traceparent=meta.get("traceparent", ""),
         )
-        return cls(row["stream_id"], row["version"], Checkpoint(int(row["transaction_id"]), row["position"]),
+        return cls(row["stream_id"], row["version"], Checkpoint(int(row["tx"]), row["position"]),
                    envelope)
 
 
@@ -103,6 +107,8 @@ class EventStore:
         """
         if not envelopes:
             raise ValueError("append needs at least one event")
+        if expected_version < ANY_VERSION:
+            raise ValueError(f"expected_version must be {ANY_VERSION} (any) or a version >= 0, not {expected_version}")
         if expected_version == ANY_VERSION:
             # Serialise "append anywhere" writers of one stream; exact-version writers need no lock.
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"stream:{stream_id}"])
@@ -120,8 +126,10 @@ class EventStore:
             if exc.diag.constraint_name == "events_event_id_key":
                 raise Conflict("an event with this event_id is already stored", field="event_id",
                                retryable=False, hint="event ids are unique; this append was already done") from None
-            raise Conflict(f"stream {stream_id} moved past version {expected_version} while appending",
-                           field="expected_version", hint="read the stream again and retry") from None
+            moved = "another writer appended at the same time" if expected_version == ANY_VERSION else \
+                f"moved past version {expected_version} while appending"
+            raise Conflict(f"stream {stream_id}: {moved}", field="expected_version",
+                           hint="read the stream again and retry") from None
         new_version = (await cur.fetchone())[0]
         if new_version is None:  # the stream was not at the expected version: nothing was inserted
             cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", [stream_id])
@@ -151,7 +159,7 @@ class EventStore:
                 f"SELECT {_COLUMNS} FROM events"
                 " WHERE (transaction_id, position) > (%s::text::xid8, %s)"
                 "   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
-                " ORDER BY transaction_id, position LIMIT %s",
+                " ORDER BY events.transaction_id, events.position LIMIT %s",
                 [str(after.transaction_id), after.position, limit],
             )
             return [StoredEvent.from_row(r) for r in await cur.fetchall()]

@@ -120,3 +120,28 @@ async def test_a_stream_subscription_catches_up_then_follows_live(db: Database) 
             if stored.version == 3:
                 break
     assert got == [2, 3]
+
+
+async def test_the_global_order_follows_transaction_ids_numerically_across_digit_boundaries(db: Database) -> None:
+    """Transaction 99 comes before 100 (as text it would not): a fresh cluster crosses such bounds early.
+
+    The ids are below any running transaction's, so the fence lets them all through."""
+    store = EventStore(db)
+    async with db.connection() as conn, conn.transaction():
+        for tx, stream in (("100", "later"), ("99", "earlier"), ("1000", "latest")):
+            e = event(stream)
+            await conn.execute(
+                "INSERT INTO events (transaction_id, stream_id, version, event_id, event_type, schema_version,"
+                " tenant_id, payload, occurred_at) VALUES (%s::xid8, %s, 1, %s, %s, 1, 't1', %s, now())",
+                [tx, stream, e.event_id, e.event_type, e.payload])
+    order = [e.stream_id for e in await store.read_all(Checkpoint())]
+    assert order == ["earlier", "later", "latest"]
+    after_first = [e.stream_id for e in await store.read_all(Checkpoint(99, 10**9))]
+    assert after_first == ["later", "latest"]
+
+
+async def test_an_expected_version_below_minus_one_is_refused(db: Database) -> None:
+    store = EventStore(db)
+    async with db.connection() as conn, conn.transaction():
+        with pytest.raises(ValueError, match="expected_version"):
+            await store.append(conn, "s", -2, [event("x")])

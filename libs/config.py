@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     adapter_metrics_port: int = Field(SERVICES["adapter"].metrics, ge=0, le=65535)
     orchestrator_metrics_port: int = Field(SERVICES["orchestrator"].metrics, ge=0, le=65535)
     mcp_http_port: int = Field(8765, ge=1, le=65535)
+    # Host headers the MCP endpoint accepts besides loopback ones (DNS rebinding protection), e.g.
+    # "tool-gateway:*,mcp.example.com"; the Origin headers browsers may send from those hosts.
+    mcp_allowed_hosts: str = ""
+    mcp_allowed_origins: str = ""
 
     adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")
 

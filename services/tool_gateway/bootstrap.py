@@ -18,7 +18,8 @@ async def bootstrap(ctx: ServiceContext) -> None:
     ctx.add_grpc(grpc_api.registration(registry))
     ctx.subscribe(TOOL_EVENTS, project_tool_event)
     settings = ctx.settings
-    mcp_app = mcp_server.http_app(registry, ctx.verifier, host=settings.host)
+    mcp_app = mcp_server.http_app(registry, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
+                                  allowed_origins=settings.mcp_allowed_origins)
 
     async def serve_mcp() -> None:
         await serve_asgi(mcp_app, host=settings.host, port=settings.mcp_http_port,

@@ -260,6 +260,28 @@ async def test_a_token_with_tools_read_only_lists_but_its_calls_are_refused(gate
     assert "tools:call" in result.structured_content["reason"]
 
 
+async def test_only_post_reaches_the_endpoint_so_no_idle_stream_can_be_held_open(gateway: Gateway) -> None:
+    token = gateway.token("tools:read")
+    async with httpx2.AsyncClient(timeout=5) as http:
+        stream = await http.get(gateway.url, headers={**with_token(token), "Accept": "text/event-stream"})
+        delete = await http.delete(gateway.url, headers=with_token(token))
+        anonymous = await http.get(gateway.url)
+    assert (stream.status_code, stream.headers["allow"]) == (405, "POST")
+    assert delete.status_code == 405
+    assert anonymous.status_code == 401  # authentication still comes first
+
+
+async def test_a_request_naming_a_foreign_host_or_origin_is_refused(gateway: Gateway) -> None:
+    """DNS rebinding: a page on evil.example whose name resolves to this machine must get nowhere."""
+    headers = {**HEADERS, **with_token(gateway.token("tools:read"))}
+    async with httpx2.AsyncClient(timeout=5) as http:
+        foreign_host = await http.post(gateway.url, json=INIT, headers={**headers, "Host": "rebind.evil.example"})
+        foreign_origin = await http.post(gateway.url, json=INIT,
+                                         headers={**headers, "Origin": "http://rebind.evil.example"})
+    assert foreign_host.status_code == 421
+    assert foreign_origin.status_code == 403
+
+
 async def test_the_gateway_stops_within_3_seconds_while_an_mcp_client_is_connected(gateway: Gateway) -> None:
     async with mcp_client(gateway, gateway.token("tools:read"), "legacy") as client:
         await client.list_tools()

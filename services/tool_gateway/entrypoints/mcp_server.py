@@ -20,7 +20,9 @@ import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from starlette.types import ASGIApp
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
@@ -101,12 +103,44 @@ def build_server(registry: Registry) -> Server:
                   on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers)
 
 
-def http_app(registry: Registry, verifier: TokenVerifier | None, *, host: str) -> ASGIApp:
+_LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+_LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+
+
+def _listed(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+class PostOnly:
+    """Streamable HTTP without server-initiated streams: only POST reaches the SDK.
+
+    The endpoint keeps no session, so a GET stream could never carry anything; left open, each
+    would hold a socket and a task for nothing. DELETE ends sessions, of which there are none.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "POST":
+            await Response("this MCP endpoint answers POST only (it keeps no sessions and sends no server "
+                           "streams)", status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def http_app(registry: Registry, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
+             allowed_origins: str = "") -> ASGIApp:
     """The ASGI app: bearer authentication around the SDK's Streamable HTTP app.
 
-    `host` is the bind address: on a loopback address the SDK also refuses foreign Host and
-    Origin headers (DNS rebinding protection).
+    DNS rebinding protection is always on, whatever the bind address (a container binds 0.0.0.0
+    and still answers a browser on the developer's machine): the Host header must be a loopback
+    one or one of `allowed_hosts` (MNEMESH_MCP_ALLOWED_HOSTS), and an Origin, when sent, one of
+    the loopback origins or `allowed_origins`.
     """
     server = build_server(registry)
-    app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, host=host)
-    return BearerAuth(app, verifier, required_scope=LIST_SCOPE)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
+        allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
+    app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
+    return BearerAuth(PostOnly(app), verifier, required_scope=LIST_SCOPE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
@@ -20,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-__all__ = ["SERVICES", "ConfigError", "ServicePorts", "Settings", "load_settings"]
+__all__ = ["SERVICES", "ConfigError", "ServicePorts", "Settings", "load_settings", "redacted"]
 
 
 class ServicePorts:
@@ -196,3 +197,12 @@ def load_settings(**overrides: object) -> Settings:
             f"{_setting_name(err['loc'])}={_shown(err['loc'], err.get('input'))}: {err['msg']}" for err in exc.errors()
         ]
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+def redacted(url: str) -> str:
+    """`url` fit to print: a password in it is replaced by ***."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -22,7 +22,7 @@ import redis.asyncio
 import redis.exceptions
 
 from libs.auth import TokenVerifier
-from libs.config import ConfigError, Settings
+from libs.config import ConfigError, Settings, redacted
 from libs.db import Database, apply_migrations, load_migrations
 from libs.eventstore import EventStore
 from libs.events.bus import EventBus
@@ -80,7 +80,8 @@ async def check_infrastructure(settings: Settings) -> None:
     try:
         await client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:
-        raise InfrastructureError(f"cannot reach Redis at {settings.redis_url}: {exc}; start it or fix REDIS_URL") \
+        raise InfrastructureError(f"cannot reach Redis at {redacted(settings.redis_url)}: {exc}; "
+                                  "start it or fix REDIS_URL") \
             from None
     finally:
         await client.aclose()
@@ -88,7 +89,7 @@ async def check_infrastructure(settings: Settings) -> None:
         conn = await psycopg.AsyncConnection.connect(settings.database_url, connect_timeout=5)
         await conn.close()
     except psycopg.OperationalError as exc:
-        raise InfrastructureError(f"cannot reach PostgreSQL at {settings.database_url}: {str(exc).strip()}; "
+        raise InfrastructureError(f"cannot reach PostgreSQL at {redacted(settings.database_url)}: {str(exc).strip()}; "
                                   "start it or fix DATABASE_URL") from None
 
 

@@ -26,7 +26,7 @@ import psycopg
 import redis.asyncio
 import redis.exceptions
 
-from libs.config import Settings
+from libs.config import Settings, redacted
 from libs.runtime import InfrastructureError, check_infrastructure
 from mnemesh.processes import guarded, reap_leftover, write_pidfile
 
@@ -268,14 +268,14 @@ async def start_infrastructure(settings: Settings, say=print) -> Infrastructure:
         data.mkdir(parents=True, exist_ok=True)
         if settings.redis_url:
             redis_url = settings.redis_url
-            say(f"  Redis: {redis_url} (REDIS_URL)")
+            say(f"  Redis: {redacted(redis_url)} (REDIS_URL)")
         else:
             redis_url, proc = await _embedded_redis(settings, data, say)
             processes.append(proc)
             say(f"  Redis: embedded at {redis_url}, data in {data / 'redis'}")
         if settings.database_url:
             database_url = settings.database_url
-            say(f"  PostgreSQL: {database_url} (DATABASE_URL)")
+            say(f"  PostgreSQL: {redacted(database_url)} (DATABASE_URL)")
         else:
             database_url, proc = await _embedded_postgres(settings, data, say)
             processes.append(proc)

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libs.config import SERVICES, Settings
+from libs.config import SERVICES, Settings, redacted
 from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock, guarded
 
@@ -164,7 +164,8 @@ class Supervisor:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "supervisor_pid": os.getpid(),
-            "infrastructure": {"redis": infra.redis_url, "postgres": infra.database_url, "qdrant": infra.qdrant},
+            "infrastructure": {"redis": redacted(infra.redis_url), "postgres": redacted(infra.database_url),
+                               "qdrant": redacted(infra.qdrant)},
             "mcp": mcp_url(self.settings),
             "services": {c.name: {"grpc": c.address, "metrics": c.metrics, "log": str(c.log),
                                   "pid": c.process.pid if c.process else None} for c in self.children.values()},

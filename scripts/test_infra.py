@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from libs.config import load_settings
+from libs.config import load_settings, redacted
 from mnemesh.infra import InfrastructureError, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock
 
@@ -82,7 +82,8 @@ async def _run(command: list[str], env: dict[str, str], stack: contextlib.ExitSt
             print(f"test infrastructure: {exc}", file=sys.stderr)
             return 2
         env.update(infra.env())
-    print(f"test infrastructure: Redis {env['REDIS_URL']}, PostgreSQL {env['DATABASE_URL']}", flush=True)
+    print(f"test infrastructure: Redis {redacted(env['REDIS_URL'])}, PostgreSQL {redacted(env['DATABASE_URL'])}",
+          flush=True)
     try:
         proc = await asyncio.create_subprocess_exec(*command, env=env)
         loop = asyncio.get_running_loop()

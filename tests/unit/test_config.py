@@ -118,3 +118,10 @@ def test_a_misspelt_key_in_the_config_file_is_refused(monkeypatch: pytest.Monkey
     monkeypatch.setenv("MNEMESH_CONFIG", str(typo))
     with pytest.raises(ConfigError, match="unknown settings log_levle"):
         load_settings()
+
+
+def test_a_url_is_printed_without_its_password() -> None:
+    from libs.config import redacted
+
+    assert redacted("postgresql://app:s3cret@db:5432/mnemesh") == "postgresql://app:***@db:5432/mnemesh"
+    assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (

@@ -24,8 +24,8 @@ import redis.exceptions
 from libs.auth import TokenVerifier
 from libs.config import ConfigError, Settings, redacted
 from libs.db import Database, apply_migrations, load_migrations
-from libs.eventstore import EventStore
 from libs.events.bus import EventBus
+from libs.eventstore import EventStore
 from libs.housekeeping import housekeeping
 from libs.idempotency import TransactionalHandler, idempotent
 from libs.logs import configure_logging, get_logger

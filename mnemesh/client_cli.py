@@ -17,8 +17,15 @@ import grpc
 
 from libs.auth import issue_token
 from libs.config import Settings
-from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+from libs.protogen.mnemesh.v1 import (
+    common_pb2,
+    memory_pb2,
+    memory_pb2_grpc,
+    sessions_pb2,
+    sessions_pb2_grpc,
+    tools_pb2,
+    tools_pb2_grpc,
+)
 from libs.rpc import channel, error_detail
 
 __all__ = ["add_client_commands"]

@@ -30,7 +30,8 @@ from libs.config import Settings, redacted
 from libs.runtime import InfrastructureError, check_infrastructure
 from mnemesh.processes import guarded, reap_leftover, write_pidfile
 
-__all__ = ["EmbeddedProcess", "Infrastructure", "InfrastructureError", "port_free", "start_infrastructure"]
+__all__ = ["EmbeddedProcess", "Infrastructure", "InfrastructureError", "free_port", "port_free",
+           "start_infrastructure", "stop_processes"]
 
 DATABASE = "mnemesh"
 
@@ -76,11 +77,22 @@ class Infrastructure:
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop every embedded server at once, within one shared `timeout` (their clients are gone)."""
-        deadline = time.monotonic() + timeout
-        for proc in self.processes:
-            proc.signal_stop()
-        for proc in self.processes:
-            proc.wait_stopped(deadline)
+        stop_processes(self.processes, timeout)
+
+
+def stop_processes(processes: list[EmbeddedProcess], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in processes:
+        proc.signal_stop()
+    for proc in processes:
+        proc.wait_stopped(deadline)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for tests and parallel runs; it may be taken again later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -129,7 +141,7 @@ async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) 
                                               f"see {proc.log}") from None
                 await asyncio.sleep(0.2)
     except BaseException:
-        Infrastructure("", "", "", [proc]).stop()
+        stop_processes([proc])
         raise
 
 
@@ -281,11 +293,11 @@ async def start_infrastructure(settings: Settings, say=print) -> Infrastructure:
             processes.append(proc)
             say(f"  PostgreSQL: embedded at {database_url}, data in {data / 'postgres'}")
     except PermissionError as exc:
-        Infrastructure("", "", "", processes).stop()
+        stop_processes(processes)
         raise InfrastructureError(f"no permission for {exc.filename}: the data folder may belong to another user; "
                                   "fix its owner or set MNEMESH_DATA_DIR") from None
     except BaseException:
-        Infrastructure("", "", "", processes).stop()
+        stop_processes(processes)
         raise
     infra = Infrastructure(redis_url, database_url, settings.qdrant_url or
                            f"embedded ({data / 'qdrant'}, opened by the retriever)", processes)

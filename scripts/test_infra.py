@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -24,19 +23,12 @@ import psycopg
 import redis
 
 from libs.config import load_settings, redacted
-from mnemesh.infra import InfrastructureError, start_infrastructure
+from mnemesh.infra import InfrastructureError, free_port, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 TEST_DATABASE = "mnemesh_test"
-
-
-def _free_port() -> int:
-    # Free ports, not fixed ones: two checkouts may run their tests at once.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _redis_answers(url: str) -> bool:
@@ -73,8 +65,8 @@ async def _run(command: list[str], env: dict[str, str], stack: contextlib.ExitSt
     if not env.get("REDIS_URL") or not env.get("DATABASE_URL"):
         print("test infrastructure: starting embedded servers for what is not configured", flush=True)
         settings = load_settings(redis_url=env.get("REDIS_URL"), database_url=env.get("DATABASE_URL"),
-                                 data_dir=Path(".mnemesh/test"), embedded_redis_port=_free_port(),
-                                 embedded_postgres_port=_free_port())
+                                 data_dir=Path(".mnemesh/test"), embedded_redis_port=free_port(),
+                                 embedded_postgres_port=free_port())
         try:
             stack.enter_context(data_folder_lock(settings.data_dir, holder="make test"))
             infra = await start_infrastructure(settings)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from google.protobuf import json_format
@@ -139,5 +139,3 @@ class Envelope:
         envelope.message()  # validate the payload now, not deep inside a handler
         return envelope
 
-    def with_traceparent(self, traceparent: str) -> Envelope:
-        return replace(self, traceparent=traceparent)

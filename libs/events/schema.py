@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from libs.protogen.mnemesh.v1 import events_pb2, memory_pb2
 
-__all__ = ["EVENT_TYPES", "STREAMS", "EventType", "Stream", "dead_letter_stream", "event_type"]
+__all__ = ["EVENT_TYPES", "STREAMS", "EventType", "Stream", "dead_letter_stream"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,6 @@ EVENT_TYPES: dict[str, EventType] = {
     ]
 }
 
-
-def event_type(name: str) -> EventType:
-    return EVENT_TYPES[name]
 
 
 def dead_letter_stream(stream: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,10 @@ from mcp.client.streamable_http import streamable_http_client
 from libs.auth import issue_token
 from libs.config import SERVICES, load_settings
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, tools_pb2, tools_pb2_grpc
+from mnemesh.infra import free_port
 
 pytestmark = pytest.mark.e2e
 BOOT_TIMEOUT = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Mesh:

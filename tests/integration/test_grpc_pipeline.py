@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 
-import grpc
 import anyio
+import grpc
 import jwt
 import psycopg
 import pytest
@@ -17,8 +16,9 @@ from libs.auth import TokenVerifier, issue_token
 from libs.config import Settings, load_settings
 from libs.protogen.mnemesh.v1 import common_pb2, sessions_pb2, sessions_pb2_grpc
 from libs.rpc import GrpcServer, channel, error_detail
-from services.orchestrator.entrypoints import grpc_api
+from mnemesh.infra import free_port
 from services.orchestrator.domain import Versioned
+from services.orchestrator.entrypoints import grpc_api
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +41,6 @@ class MemorySessions:
         for item in self.events.get((tenant_id, session_id), []):
             if item.version > after_version:
                 yield item
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from libs.config import Settings, load_settings
 from libs.protogen.mnemesh.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 from libs.rpc import PortInUse, channel
 from libs.runtime import run_service
+from mnemesh.infra import free_port
 from mnemesh.registry import load_bootstrap
 from mnemesh.supervisor import check_health
 
@@ -51,12 +52,6 @@ HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "app
 
 def with_token(token: str) -> dict[str, str]:
     return {**HEADERS, "Authorization": f"Bearer {token}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

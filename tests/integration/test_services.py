@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -25,22 +24,16 @@ from libs.auth import issue_token
 from libs.config import Settings, load_settings
 from libs.events import Envelope
 from libs.events.bus import EventBus
-from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
-from libs.protogen.mnemesh.v1 import sessions_pb2, sessions_pb2_grpc
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from libs.rpc import channel, error_detail
 from libs.runtime import run_service
 from libs.telemetry import setup_telemetry, tracer
+from mnemesh.infra import free_port
 from mnemesh.registry import load_bootstrap
 from mnemesh.supervisor import check_health
 
 pytestmark = pytest.mark.integration
 SERVICES = ("memory-writer", "retriever", "orchestrator")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from libs.auth import issue_token
 from libs.config import load_settings
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel
+from mnemesh.infra import free_port
 
 pytestmark = pytest.mark.integration
 SECRET = "otlp-test-secret-0123456789abcdefghij"
@@ -36,12 +36,6 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                 self.spans += [(attrs.get("service.name", ""), span.name) for span in scope.spans]
         self.arrived.set()
         return trace_service_pb2.ExportTraceServiceResponse()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_a_service_exports_its_rpc_spans_to_the_configured_otlp_endpoint(

@@ -10,10 +10,20 @@ from fakes import FakeUnitOfWork, MemoryDatabase
 
 from libs.errors import Conflict, NotFound, ValidationFailed
 from services.memory_writer.domain import (
-    Confidence, Layer, MemoryForgotten, MemoryWritten, Source, WriteMemory, new_memory,
+    Confidence,
+    Layer,
+    MemoryForgotten,
+    MemoryWritten,
+    Source,
+    WriteMemory,
+    new_memory,
 )
 from services.memory_writer.service_layer.handlers import (
-    ForgetMemory, GetMemory, forget, get_memory, write_memory,
+    ForgetMemory,
+    GetMemory,
+    forget,
+    get_memory,
+    write_memory,
 )
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

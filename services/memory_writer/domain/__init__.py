@@ -1,6 +1,12 @@
 from services.memory_writer.domain.events import DomainEvent, MemoryForgotten, MemoryWritten
 from services.memory_writer.domain.model import (
-    Confidence, Layer, MemoryRecord, Source, WriteMemory, WriteResult, new_memory,
+    Confidence,
+    Layer,
+    MemoryRecord,
+    Source,
+    WriteMemory,
+    WriteResult,
+    new_memory,
 )
 
 __all__ = ["Confidence", "DomainEvent", "Layer", "MemoryForgotten", "MemoryRecord", "MemoryWritten", "Source",

@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from libs.errors import NotFound, ValidationFailed
-from services.memory_writer.domain import (
-    MemoryForgotten, MemoryRecord, MemoryWritten, WriteMemory, WriteResult, new_memory,
-)
 from libs.eventstore import ANY_VERSION
+from services.memory_writer.domain import (
+    MemoryForgotten,
+    MemoryRecord,
+    MemoryWritten,
+    WriteMemory,
+    WriteResult,
+    new_memory,
+)
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
 __all__ = ["ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]

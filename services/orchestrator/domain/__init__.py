@@ -1,5 +1,10 @@
 from services.orchestrator.domain.session import (
-    MessageAppended, Session, SessionEvent, State, StateChanged, Versioned,
+    MessageAppended,
+    Session,
+    SessionEvent,
+    State,
+    StateChanged,
+    Versioned,
 )
 
 __all__ = ["MessageAppended", "Session", "SessionEvent", "State", "StateChanged", "Versioned"]

@@ -8,9 +8,9 @@ from dataclasses import asdict
 from libs.db import Database
 from libs.events import Envelope
 from libs.outbox import Outbox
+from libs.protogen.mnemesh.v1 import events_pb2
 from services.tool_gateway.adapters.mapping import spec_to_proto
 from services.tool_gateway.domain import ToolSpec
-from libs.protogen.mnemesh.v1 import events_pb2
 
 __all__ = ["PostgresRegistry"]
 

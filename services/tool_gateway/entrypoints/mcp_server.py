@@ -17,10 +17,10 @@ from importlib.metadata import version
 from typing import Any
 
 import mcp_types as types
-from mcp.server.lowlevel.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.shared.exceptions import MCPError
+from mcp.server.lowlevel.server import Server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", "MNEMESH_REDIS_URL"))
     database_url: str | None = Field(None, validation_alias=_env("DATABASE_URL", "MNEMESH_DATABASE_URL"))
     qdrant_url: str | None = Field(None, validation_alias=_env("QDRANT_URL", "MNEMESH_QDRANT_URL"))
+    # The services act as this PostgreSQL role, bound by row-level security; migrations run as the
+    # login of DATABASE_URL (the owner). DATABASE_APP_URL: a separate login for the services instead
+    # of taking the role over the owner's login (production).
+    database_app_role: str = Field("mnemesh_app", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    database_app_url: str | None = Field(None, validation_alias=_env("DATABASE_APP_URL", "MNEMESH_DATABASE_APP_URL"))
     hnsw_m: int = Field(16, ge=4, le=128, description="HNSW graph degree of the vector index")
     hnsw_ef_construct: int = Field(100, ge=4, le=1000, description="HNSW build-time candidate list size")
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
@@ -126,7 +131,7 @@ class Settings(BaseSettings):
             raise ValueError("must be at least 32 bytes for HS256 (RFC 7518 section 3.2)")
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_app_url")
     @classmethod
     def _pg_scheme(cls, value: str | None) -> str | None:
         if value and not value.startswith(("postgresql://", "postgres://")):
@@ -162,7 +167,8 @@ def _setting_name(loc: tuple[object, ...]) -> str:
     return f"MNEMESH_{field.upper()}"
 
 
-_SECRET_FIELDS = {"jwt_secret", "database_url", "redis_url", "qdrant_url", "REDIS_URL", "DATABASE_URL", "QDRANT_URL"}
+_SECRET_FIELDS = {"jwt_secret", "database_url", "redis_url", "qdrant_url", "database_app_url", "REDIS_URL",
+                  "DATABASE_URL", "QDRANT_URL", "DATABASE_APP_URL"}
 
 
 def _shown(loc: tuple[object, ...], value: object) -> str:

@@ -3,21 +3,25 @@
 Per-stream versions are gapless and unique: an append names the version it
 expects, and a concurrent writer gets ``Conflict``, never a silent overwrite.
 
-The global order is ``(transaction_id, position)``. A catch-up reader only reads
-events whose writing transaction is older than the oldest transaction still
-running (``pg_snapshot_xmin``), so an event whose transaction took an earlier
-position but commits later is never skipped: the reader waits at the fence
-until that transaction has committed or aborted.
+The global feed is ordered by each event's place ``(transaction id, position)``,
+except that an event never sorts before the previous version of its stream: one
+whose transaction took its id early (it did other work before appending) inherits
+the previous version's place (``feed_tx``, ``feed_pos``), and ties go by version.
+A catch-up reader only reads places older than the oldest transaction still running
+(``pg_snapshot_xmin``), so an event whose transaction took an earlier place but
+commits later is never skipped: the reader waits at that fence.
+
+Events are tenant-owned rows under row-level security: appends run in the caller's
+tenant-scoped transaction; reads state their tenant, and the global feed reads as
+the mesh itself (every tenant).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from psycopg import AsyncConnection, errors
-from psycopg.rows import dict_row
+import asyncpg
 
 from libs.db import Database
 from libs.db.notify import Notifier
@@ -28,42 +32,55 @@ __all__ = ["ANY_VERSION", "Checkpoint", "EventStore", "StoredEvent"]
 
 ANY_VERSION = -1
 _APPEND = """
-WITH current AS (SELECT coalesce(max(version), 0) AS version FROM events WHERE stream_id = %(stream)s),
+WITH current AS (SELECT coalesce(max(version), 0) AS version FROM events WHERE stream_id = $1),
+prev AS (SELECT coalesce(feed_tx, transaction_id) AS tx, coalesce(feed_pos, position) AS pos
+         FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1),
 inserted AS (
     INSERT INTO events (stream_id, version, event_id, event_type, schema_version, tenant_id, payload, metadata,
-                        occurred_at)
-    SELECT %(stream)s, current.version + e.ord, e.event_id, e.event_type, e.schema_version, e.tenant_id, e.payload,
-           e.metadata, e.occurred_at
-    FROM current, unnest(%(ids)s::uuid[], %(types)s::text[], %(versions)s::int[], %(tenants)s::text[],
-                         %(payloads)s::text[], %(metas)s::jsonb[], %(times)s::timestamptz[])
-                  WITH ORDINALITY AS e(event_id, event_type, schema_version, tenant_id, payload, metadata,
-                                       occurred_at, ord)
-    WHERE %(expected)s = -1 OR current.version = %(expected)s
+                        occurred_at, feed_tx, feed_pos)
+    SELECT $1, current.version + e.ord, e.event_id, e.event_type, e.schema_version, e.tenant_id, e.payload,
+           e.metadata, e.occurred_at,
+           CASE WHEN prev.tx > pg_current_xact_id() THEN prev.tx END,
+           CASE WHEN prev.tx > pg_current_xact_id() THEN prev.pos END
+    FROM current LEFT JOIN prev ON true,
+         unnest($4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::jsonb[], $10::timestamptz[])
+             WITH ORDINALITY AS e(event_id, event_type, schema_version, tenant_id, payload, metadata, occurred_at, ord)
+    WHERE $2 = -1 OR current.version = $2
     ORDER BY e.ord
     RETURNING version),
 appended AS (SELECT max(version) AS version FROM inserted)
-SELECT version, CASE WHEN version IS NOT NULL THEN pg_notify(%(channel)s, %(stream)s) END FROM appended
+SELECT version, CASE WHEN version IS NOT NULL THEN pg_notify($3, $1) END FROM appended
 """
-# The text form of the transaction id is named `tx`, not `transaction_id`: ORDER BY prefers an output
-# name over a column, and text order puts "1000" before "999".
-_COLUMNS = ("position, transaction_id::text AS tx, stream_id, version, event_id::text AS event_id,"
+# Text forms: asyncpg has no codec for xid8, and text order would put "1000" before "999", so
+# the reader orders by the expressions and returns their text separately.
+_FEED_TX = "coalesce(feed_tx, transaction_id)"
+_FEED_POS = "coalesce(feed_pos, position)"
+_COLUMNS = (f"{_FEED_TX}::text AS tx, {_FEED_POS} AS pos, stream_id, version, event_id::text AS event_id,"
             " event_type, schema_version, tenant_id, payload, metadata, occurred_at")
+_READ_ALL = (f"SELECT {_COLUMNS} FROM events"
+             f" WHERE ({_FEED_TX}, {_FEED_POS}, version) > ($1::text::xid8, $2, $3)"
+             f"   AND {_FEED_TX} < pg_snapshot_xmin(pg_current_snapshot())"
+             f" ORDER BY {_FEED_TX}, {_FEED_POS}, version LIMIT $4")
 
 
 @dataclass(frozen=True, order=True)
 class Checkpoint:
-    """Where a catch-up reader stands in the global order."""
+    """Where a catch-up reader stands in the global feed: (transaction id, position, version)."""
 
     transaction_id: int = 0
     position: int = 0
+    version: int = 0
 
     def __str__(self) -> str:
-        return f"{self.transaction_id}:{self.position}"
+        return f"{self.transaction_id}:{self.position}:{self.version}"
 
     @classmethod
     def parse(cls, text: str) -> Checkpoint:
-        tx, _, pos = text.partition(":")
-        return cls(int(tx), int(pos))
+        parts = text.split(":")
+        if len(parts) == 2:  # written before per-stream ties: everything at that place was read
+            return cls(int(parts[0]), int(parts[1]), 2**62)
+        tx, pos, version = parts
+        return cls(int(tx), int(pos), int(version))
 
 
 @dataclass(frozen=True)
@@ -74,29 +91,29 @@ class StoredEvent:
     envelope: Envelope
 
     @classmethod
-    def from_row(cls, row: dict) -> StoredEvent:
+    def from_row(cls, row: asyncpg.Record) -> StoredEvent:
         meta = row["metadata"]
         envelope = Envelope(
             event_type=row["event_type"], tenant_id=row["tenant_id"], payload=row["payload"],
             event_id=row["event_id"], schema_version=row["schema_version"], occurred_at=row["occurred_at"],
             correlation_id=meta.get("correlation_id", ""), causation_id=meta.get("causation_id", ""),
             traceparent=meta.get("traceparent", ""),
-        )
-        return cls(row["stream_id"], row["version"], Checkpoint(int(row["tx"]), row["position"]),
+        ).upcast()
+        return cls(row["stream_id"], row["version"], Checkpoint(int(row["tx"]), row["pos"], row["version"]),
                    envelope)
 
 
 class EventStore:
-    """The event store of one service schema; `channel` is its NOTIFY channel."""
+    """The event store of one service schema; `channel` is its NOTIFY channel (payload: the stream id)."""
 
     def __init__(self, db: Database, *, poll_seconds: float = 0.5, stream_poll_seconds: float = 5.0) -> None:
         self.db = db
         self.channel = f"mnemesh_events_{db.schema}"
         self.poll_seconds, self.stream_poll_seconds = poll_seconds, stream_poll_seconds
-        self.notifier = Notifier(db.listen_connection, self.channel)
+        self.notifier = Notifier(db.connect, self.channel)
 
     async def append(
-        self, conn: AsyncConnection, stream_id: str, expected_version: int, envelopes: Sequence[Envelope]
+        self, conn: asyncpg.Connection, stream_id: str, expected_version: int, envelopes: Sequence[Envelope]
     ) -> int:
         """Append inside the caller's transaction; return the stream's new version.
 
@@ -111,64 +128,50 @@ class EventStore:
             raise ValueError(f"expected_version must be {ANY_VERSION} (any) or a version >= 0, not {expected_version}")
         if expected_version == ANY_VERSION:
             # Serialise "append anywhere" writers of one stream; exact-version writers need no lock.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"stream:{stream_id}"])
-        params = {
-            "stream": stream_id, "expected": expected_version, "channel": self.channel,
-            "ids": [e.event_id for e in envelopes], "types": [e.event_type for e in envelopes],
-            "versions": [e.schema_version for e in envelopes], "tenants": [e.tenant_id for e in envelopes],
-            "payloads": [e.payload for e in envelopes], "times": [e.occurred_at for e in envelopes],
-            "metas": [json.dumps({"correlation_id": e.correlation_id, "causation_id": e.causation_id,
-                                  "traceparent": e.traceparent}) for e in envelopes],
-        }
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"stream:{stream_id}")
+        metas = [{"correlation_id": e.correlation_id, "causation_id": e.causation_id, "traceparent": e.traceparent}
+                 for e in envelopes]
         try:
-            cur = await conn.execute(_APPEND, params)
-        except errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == "events_event_id_key":
+            new_version = await conn.fetchval(
+                _APPEND, stream_id, expected_version, self.channel, [e.event_id for e in envelopes],
+                [e.event_type for e in envelopes], [e.schema_version for e in envelopes],
+                [e.tenant_id for e in envelopes], [e.payload for e in envelopes], metas,
+                [e.occurred_at for e in envelopes])
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == "events_event_id_key":
                 raise Conflict("an event with this event_id is already stored", field="event_id",
                                retryable=False, hint="event ids are unique; this append was already done") from None
             moved = "another writer appended at the same time" if expected_version == ANY_VERSION else \
                 f"moved past version {expected_version} while appending"
             raise Conflict(f"stream {stream_id}: {moved}", field="expected_version",
                            hint="read the stream again and retry") from None
-        new_version = (await cur.fetchone())[0]
         if new_version is None:  # the stream was not at the expected version: nothing was inserted
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s", [stream_id])
-            current = (await cur.fetchone())[0]
+            current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1",
+                                          stream_id)
             raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
                            field="expected_version", hint="read the stream again and retry on the new version")
         return new_version
 
     async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000,
                           tenant_id: str | None = None) -> list[StoredEvent]:
-        """One stream's events after `after_version`; with `tenant_id`, only that tenant's."""
-        tenant_filter = "" if tenant_id is None else " AND tenant_id = %(tenant)s"
-        async with self.db.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                f"SELECT {_COLUMNS} FROM events WHERE stream_id = %(stream)s AND version > %(after)s{tenant_filter}"
-                " ORDER BY version LIMIT %(limit)s",
-                {"stream": stream_id, "after": after_version, "limit": limit, "tenant": tenant_id},
-            )
-            return [StoredEvent.from_row(r) for r in await cur.fetchall()]
+        """One stream's events after `after_version`; with `tenant_id`, as that tenant (only its events)."""
+        query = (f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND version > $2"
+                 " ORDER BY version LIMIT $3")
+        scope = self.db.transaction(tenant_id) if tenant_id is not None else self.db.system_transaction()
+        async with scope as conn:
+            return [StoredEvent.from_row(r) for r in await conn.fetch(query, stream_id, after_version, limit)]
 
     async def read_all(self, after: Checkpoint = Checkpoint(), limit: int = 1000) -> list[StoredEvent]:
         """Events after `after` in global order, stopping at the oldest running transaction."""
-        async with self.db.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                f"SELECT {_COLUMNS} FROM events"
-                " WHERE (transaction_id, position) > (%s::text::xid8, %s)"
-                "   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
-                " ORDER BY events.transaction_id, events.position LIMIT %s",
-                [str(after.transaction_id), after.position, limit],
-            )
-            return [StoredEvent.from_row(r) for r in await cur.fetchall()]
+        async with self.db.system_transaction() as conn:
+            rows = await conn.fetch(_READ_ALL, str(after.transaction_id), after.position, after.version, limit)
+            return [StoredEvent.from_row(r) for r in rows]
 
-    async def current_version(self, stream_id: str) -> int:
-        async with self.db.connection() as conn:
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = %s",
-                                     [stream_id])
-            return (await cur.fetchone())[0]
+    async def current_version(self, stream_id: str, tenant_id: str | None = None) -> int:
+        scope = self.db.transaction(tenant_id) if tenant_id is not None else self.db.system_transaction()
+        async with scope as conn:
+            return await conn.fetchval("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1",
+                                       stream_id)
 
     async def subscribe_all(self, after: Checkpoint = Checkpoint()) -> AsyncIterator[StoredEvent]:
         """Catch up from `after`, then follow live; never skips, never repeats.
@@ -189,17 +192,18 @@ class EventStore:
                                tenant_id: str | None = None) -> AsyncIterator[StoredEvent]:
         """Catch up one stream from `after_version`, then follow it live.
 
-        Per-stream versions are gapless, so no fence is needed: NOTIFY wakes the
-        reader, and a slow poll covers a lost notification.
+        Per-stream versions are gapless, so no fence is needed: a NOTIFY naming this
+        stream wakes the reader (appends to other streams do not), and a slow poll
+        covers a lost notification.
         """
         version = after_version
         while True:
-            mark = self.notifier.mark()
+            mark = self.notifier.mark(stream_id)
             while batch := await self.read_stream(stream_id, version, tenant_id=tenant_id):
                 for event in batch:
                     version = event.version
                     yield event
-            await self.notifier.wait(mark, self.stream_poll_seconds)
+            await self.notifier.wait(mark, self.stream_poll_seconds, stream_id)
 
     async def close(self) -> None:
         await self.notifier.close()

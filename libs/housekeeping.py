@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import asyncpg
 import redis.exceptions
 
-from libs.db import Database
+from libs.db import Database, rowcount
 from libs.events.bus import EventBus
 from libs.logs import get_logger
 from libs.outbox import OutboxRelay
-from libs.transient import TRANSIENT_ERRORS
+from libs.transient import is_transient
 
 __all__ = ["housekeeping", "tidy"]
 
@@ -27,11 +28,11 @@ async def tidy(bus: EventBus, relay: OutboxRelay, db: Database, *, processed_ret
     trimmed = await bus.trim()
     pruned = await bus.prune_consumers()
     purged = await relay.purge_published()
-    async with db.connection() as conn:
-        cur = await conn.execute("DELETE FROM processed_events WHERE processed_at < now() - %s",
-                                 [processed_retention])
+    async with db.system_transaction() as conn:
+        processed = rowcount(await conn.execute(
+            "DELETE FROM processed_events WHERE processed_at < now() - $1::interval", processed_retention))
     log.info("housekeeping", trimmed=trimmed, consumers_pruned=pruned, outbox_purged=purged,
-             processed_purged=cur.rowcount)
+             processed_purged=processed)
 
 
 async def housekeeping(bus: EventBus, relay: OutboxRelay, db: Database, *, every_seconds: float,
@@ -40,5 +41,7 @@ async def housekeeping(bus: EventBus, relay: OutboxRelay, db: Database, *, every
         await asyncio.sleep(every_seconds)
         try:
             await tidy(bus, relay, db, processed_retention=processed_retention)
-        except (*TRANSIENT_ERRORS, OSError, redis.exceptions.RedisError) as exc:
+        except (OSError, redis.exceptions.RedisError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if not is_transient(exc):
+                raise
             log.warning("housekeeping failed; will try again", error=str(exc))

@@ -1,29 +1,35 @@
-"""Idempotent event handling: the processed-event row commits with the handler's effect."""
+"""Idempotent event handling: the processed-event row commits with the handler's effect.
+
+The handler's transaction acts as the event's tenant (row-level security), so a
+handler can only touch the data of the tenant its event names.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from psycopg import AsyncConnection
+import asyncpg
 
-from libs.db import Database
-from libs.events import Envelope
+from libs.db import ALL_TENANTS, Database
+from libs.events import Envelope, MalformedEvent
 
 __all__ = ["TransactionalHandler", "idempotent"]
 
-TransactionalHandler = Callable[[Envelope, AsyncConnection], Awaitable[None]]
+TransactionalHandler = Callable[[Envelope, asyncpg.Connection], Awaitable[None]]
 
 
 def idempotent(db: Database, consumer: str, handler: TransactionalHandler) -> Callable[[Envelope], Awaitable[None]]:
     """Wrap `handler` so each event id takes effect once for `consumer`, however often it is delivered."""
 
     async def handle(envelope: Envelope) -> None:
-        async with db.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "INSERT INTO processed_events (consumer, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                [consumer, envelope.event_id],
-            )
-            if cur.rowcount == 0:
+        if envelope.tenant_id == ALL_TENANTS:
+            raise MalformedEvent(field="tenant_id", reason=f"{ALL_TENANTS!r} names no tenant",
+                                 hint="publish with the tenant id of your token")
+        async with db.transaction(envelope.tenant_id) as conn:
+            first = await conn.fetchval(
+                "INSERT INTO processed_events (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                " RETURNING true", consumer, envelope.event_id)
+            if not first:
                 return  # already done: redelivery after a crash before ack, or a republished outbox row
             await handler(envelope, conn)
 

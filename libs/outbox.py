@@ -1,30 +1,40 @@
 """Transactional outbox and its relay.
 
 ``add`` writes an event row in the caller's transaction, beside the change it
-announces: both commit or neither does. The relay leases a batch of rows in a
-short transaction, publishes them to Redis Streams outside any transaction, and
-then marks them published. A relay that dies after publishing and before marking
-leaves a lease that runs out: the rows are published again, and consumers, being
-idempotent by event id, apply them once. A row that can never be published (it
-no longer parses) records why and goes to the dead-letter stream, so it cannot
-block the rows behind it.
+announces: both commit or neither does. The relay publishes the rows to Redis
+Streams outside any transaction, in id order, then marks them published.
+
+Order across replicas: every service process runs a relay, but only one per
+outbox publishes: the holder of a PostgreSQL session advisory lock (the leader).
+The others wait and take over when the leader's connection goes (a crash closes
+it). Rows of one aggregate are written in version order (a version is appended
+after the previous one committed), so one leader publishing in id order keeps each
+aggregate's order. A deposed leader whose XADD hung cannot publish after its
+successor: every publish carries the leader's term, and a fence in Redis (raised
+by each new leader) refuses older terms atomically with the XADD.
+
+A relay that dies after publishing and before marking makes its successor publish
+those rows again; consumers, being idempotent by event id, apply them once. A row
+that can never be published (it no longer parses) records why and goes to the
+dead-letter stream, so it cannot block the rows behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import timedelta
 
+import asyncpg
 import redis.exceptions
-from psycopg import AsyncConnection
 
-from libs.db import Database
+from libs.db import ALL_TENANTS, Database, rowcount
 from libs.db.notify import Notifier
 from libs.events import Envelope, MalformedEvent
-from libs.events.bus import EventBus
+from libs.events.bus import EventBus, Fenced
 from libs.logs import get_logger
-from libs.transient import TRANSIENT_ERRORS
+from libs.transient import is_transient
 
 __all__ = ["Outbox", "OutboxRelay"]
 
@@ -36,85 +46,114 @@ class Outbox:
         self.db = db
         self.channel = f"mnemesh_outbox_{db.schema}"
 
-    async def add(self, conn: AsyncConnection, envelope: Envelope, stream: str | None = None) -> None:
-        """Record `envelope` for publication; call inside the transaction of the change."""
+    async def add(self, conn: asyncpg.Connection, envelope: Envelope, stream: str | None = None) -> None:
+        """Record `envelope` for publication; call inside the (tenant-scoped) transaction of the change."""
         await conn.execute(
-            "INSERT INTO outbox (stream, event_id, fields) VALUES (%s, %s, %s)",
-            [stream or envelope.stream, envelope.event_id, json.dumps(envelope.to_fields())],
-        )
-        await conn.execute("SELECT pg_notify(%s, '')", [self.channel])
+            "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
+            stream or envelope.stream, envelope.event_id, envelope.to_fields(), envelope.tenant_id)
+        await conn.execute("SELECT pg_notify($1, '')", self.channel)
 
     async def pending(self) -> int:
-        async with self.db.connection() as conn:
-            cur = await conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL AND failure IS NULL")
-            return (await cur.fetchone())[0]
+        async with self.db.system_transaction() as conn:
+            return await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL AND failure IS NULL")
 
 
 class OutboxRelay:
-    """Publishes a service's outbox; several replicas may run (leases keep them apart)."""
+    """Publishes a service's outbox while it leads; several replicas may run, one leads."""
 
-    def __init__(self, outbox: Outbox, bus: EventBus, *, poll_seconds: float = 0.5, batch: int = 100,
-                 lease: timedelta = timedelta(seconds=30)) -> None:
+    def __init__(self, outbox: Outbox, bus: EventBus, *, poll_seconds: float = 0.5, batch: int = 100) -> None:
         self.outbox, self.bus = outbox, bus
-        self.poll_seconds, self.batch, self.lease = poll_seconds, batch, lease
+        self.poll_seconds, self.batch = poll_seconds, batch
         self.listening = asyncio.Event()
+        self.leading = asyncio.Event()
+        self.term = 0
+        self._conn: asyncpg.Connection | None = None
+        self._lock_key = f"outbox:{outbox.db.schema}"
+        self.fence_key = bus.stream_name(f"mnemesh.outbox.fence.{outbox.db.schema}")
 
-    async def _lease(self) -> list[tuple[int, str, dict]]:
-        async with self.outbox.db.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "UPDATE outbox SET leased_until = now() + %s WHERE id IN ("
-                "  SELECT id FROM outbox WHERE published_at IS NULL AND failure IS NULL"
-                "    AND (leased_until IS NULL OR leased_until < now())"
-                "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " RETURNING id, stream, fields",
-                [self.lease, self.batch],
-            )
-            return sorted(await cur.fetchall())
+    async def _lead(self) -> bool:
+        """Become (or stay) the leader; False while another relay leads."""
+        if self._conn is not None and not self._conn.is_closed():
+            return True
+        await self.resign()
+        conn = await self.outbox.db.connect()
+        try:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self._lock_key):
+                await conn.close()
+                return False
+            term = await conn.fetchval("SELECT nextval('outbox_leader_term')")
+            await self.bus.raise_fence(self.fence_key, term)
+        except BaseException:
+            conn.terminate()
+            raise
+        self._conn, self.term = conn, term
+        self.leading.set()
+        log.info("outbox relay leads", schema=self.outbox.db.schema, term=term)
+        return True
+
+    async def resign(self) -> None:
+        """Stop leading (closing the connection releases the lock)."""
+        conn, self._conn = self._conn, None
+        self.leading.clear()
+        if conn is not None and not conn.is_closed():
+            try:
+                await asyncio.wait_for(conn.close(), 2)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+                conn.terminate()
 
     async def publish_pending(self) -> int:
-        """Publish one leased batch in order; return how many rows it held.
+        """Publish one batch in id order while leading; return how many rows it held (0 when not leading).
 
         If publishing stops part-way (Redis away, the relay cancelled), what went out is
-        marked and the rest of the batch is released at once, so the next attempt starts
-        where this one stopped instead of skipping ahead of it.
+        marked, and the next attempt starts where this one stopped.
         """
-        rows = await self._lease()
+        if not await self._lead():
+            return 0
+        conn = self._conn
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", ALL_TENANTS)
+            rows = await conn.fetch("SELECT id, stream, fields FROM outbox WHERE published_at IS NULL"
+                                    " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
         published: list[int] = []
-        failed: list[tuple[int, str]] = []
+        failed: list[tuple[int, dict]] = []
         try:
             for row_id, stream, fields in rows:
                 try:
                     envelope = Envelope.from_fields(fields)
                 except MalformedEvent as exc:
                     await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
-                    failed.append((row_id, json.dumps(exc.to_dict())))
+                    failed.append((row_id, exc.to_dict()))
                     continue
-                await self.bus.publish(envelope, stream=stream)
+                await self.bus.publish(envelope, stream=stream, fence=(self.fence_key, self.term))
                 published.append(row_id)
+        except Fenced:
+            log.warning("outbox relay was deposed; another leads now", schema=self.outbox.db.schema, term=self.term)
+            await self.resign()
         finally:
-            if rows:
-                await asyncio.shield(self._settle(rows, published, failed))
+            if published or failed:
+                await asyncio.shield(self._settle(conn, published, failed))
         return len(rows)
 
-    async def _settle(self, rows: list, published: list[int], failed: list[tuple[int, str]]) -> None:
-        async with self.outbox.db.connection() as conn, conn.transaction():
-            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", [published])
-            for row_id, reason in failed:
-                await conn.execute("UPDATE outbox SET failure = %s WHERE id = %s", [reason, row_id])
-            await conn.execute("UPDATE outbox SET leased_until = NULL WHERE id = ANY(%s) AND published_at IS NULL",
-                               [[row[0] for row in rows]])
+    @staticmethod
+    async def _settle(conn: asyncpg.Connection, published: list[int], failed: list[tuple[int, dict]]) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", ALL_TENANTS)
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", published)
+            if failed:
+                await conn.executemany("UPDATE outbox SET failure = $2 WHERE id = $1",
+                                       [(row_id, json.dumps(reason)) for row_id, reason in failed])
 
     async def purge_published(self, older_than: timedelta = timedelta(days=1)) -> int:
-        async with self.outbox.db.connection() as conn:
-            cur = await conn.execute("DELETE FROM outbox WHERE published_at < now() - %s", [older_than])
-            return cur.rowcount
+        async with self.outbox.db.system_transaction() as conn:
+            return rowcount(await conn.execute("DELETE FROM outbox WHERE published_at < now() - $1::interval",
+                                               older_than))
 
     async def run(self) -> None:
-        """Publish until cancelled; wake on NOTIFY, poll as a safety net (and for expired leases).
+        """Publish until cancelled; wake on NOTIFY, poll as a safety net (and to take over from a dead leader).
 
         A lost database or Redis connection is waited out, never fatal.
         """
-        notifier = Notifier(self.outbox.db.listen_connection, self.outbox.channel)
+        notifier = Notifier(self.outbox.db.connect, self.outbox.channel)
         try:
             while True:
                 mark = notifier.mark()
@@ -123,8 +162,13 @@ class OutboxRelay:
                 try:
                     while await self.publish_pending() == self.batch:
                         pass
-                except (*TRANSIENT_ERRORS, OSError, redis.exceptions.RedisError) as exc:
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, redis.exceptions.RedisError) as exc:
+                    if not is_transient(exc):
+                        raise
                     log.warning("outbox relay could not publish; will retry", error=str(exc))
+                    await self.resign()
                 await notifier.wait(mark, self.poll_seconds)
         finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.resign())
             await notifier.close()

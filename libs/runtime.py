@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import psycopg
+import asyncpg
 import redis.asyncio
 import redis.exceptions
 
 from libs.auth import TokenVerifier
 from libs.config import ConfigError, Settings, redacted
-from libs.db import Database, apply_migrations, load_migrations
+from libs.db import Database, RoleError, apply_migrations, load_migrations
 from libs.events.bus import EventBus
 from libs.eventstore import EventStore
 from libs.housekeeping import housekeeping
@@ -86,9 +86,9 @@ async def check_infrastructure(settings: Settings) -> None:
     finally:
         await client.aclose()
     try:
-        conn = await psycopg.AsyncConnection.connect(settings.database_url, connect_timeout=5)
+        conn = await asyncpg.connect(settings.database_url, timeout=5)
         await conn.close()
-    except psycopg.OperationalError as exc:
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise InfrastructureError(f"cannot reach PostgreSQL at {redacted(settings.database_url)}: {str(exc).strip()}; "
                                   "start it or fix DATABASE_URL") from None
 
@@ -108,14 +108,18 @@ async def run_service(
     await check_infrastructure(settings)
     schema = "_".join(filter(None, [settings.namespace, name])).replace("-", "_")
     migrations = load_migrations(*([migrations_package] if migrations_package else []))
-    await apply_migrations(settings.database_url, schema, migrations)
+    await apply_migrations(settings.database_url, schema, migrations, app_role=settings.database_app_role)
     try:
         verifier = TokenVerifier(settings) if settings.auth_enabled else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
-    db = Database(settings.database_url, schema)
-    await db.open()
+    db = Database(settings.database_url, schema, role=settings.database_app_role,
+                  app_url=settings.database_app_url)
+    try:
+        await db.open()
+    except RoleError as exc:
+        raise ConfigError(str(exc)) from None
     bus = EventBus(settings.redis_url, consumer_name=f"{name}-{socket.gethostname()}-{os.getpid()}",
                    max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
                    maxlen=settings.stream_maxlen, retention_ms=int(settings.stream_retention_hours * 3_600_000),

@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 
-from psycopg import sql
+import asyncpg
 
 from libs.bench import Case, report, run_case
 from libs.config import Settings
@@ -36,24 +36,23 @@ async def bench_eventstore(settings: Settings, repetitions: int, warmup: int) ->
     await db.open()
     store = EventStore(db)
     try:
-        async with db.connection() as conn:
+        async with db.system_transaction() as conn:
             await conn.execute("CREATE TABLE plain_events (LIKE events INCLUDING DEFAULTS INCLUDING IDENTITY)")
-            await conn.commit()
 
         async def candidate(i: int) -> None:
-            async with db.connection() as conn, conn.transaction():
+            async with db.transaction("bench") as conn:
                 await store.append(conn, f"s-{i % 50}", -1, [_envelope(i)])
 
         async def baseline(i: int) -> None:
             e = _envelope(i)
-            async with db.connection() as conn, conn.transaction():
+            async with db.transaction("bench") as conn:
                 await conn.execute(
                     "INSERT INTO plain_events (stream_id, version, event_id, event_type, schema_version, tenant_id,"
-                    " payload, occurred_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    [f"s-{i % 50}", i, e.event_id, e.event_type, 1, e.tenant_id, e.payload, e.occurred_at])
+                    " payload, occurred_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    f"s-{i % 50}", i, e.event_id, e.event_type, 1, e.tenant_id, e.payload, e.occurred_at)
 
         async def candidate_expected(i: int) -> None:
-            async with db.connection() as conn, conn.transaction():
+            async with db.transaction("bench") as conn:
                 await store.append(conn, f"new-{i}", 0, [_envelope(i)])  # a device's write: exact version
 
         return [
@@ -65,9 +64,12 @@ async def bench_eventstore(settings: Settings, repetitions: int, warmup: int) ->
                            repetitions=repetitions, warmup=warmup),
         ]
     finally:
-        async with db.connection() as conn:
-            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
         await db.close()
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        finally:
+            await conn.close()
 
 
 async def bench_bus(settings: Settings, repetitions: int, warmup: int) -> list[dict]:

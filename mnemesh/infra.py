@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
+import asyncpg
 import redis.asyncio
 import redis.exceptions
 
@@ -135,7 +135,8 @@ async def _wait(check, what: str, proc: EmbeddedProcess, timeout: float = 60.0) 
             try:
                 await check()
                 return
-            except (OSError, psycopg.OperationalError, redis.exceptions.ConnectionError):
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                    redis.exceptions.ConnectionError):
                 if asyncio.get_running_loop().time() > deadline:
                     raise InfrastructureError(f"embedded {what} did not answer within {timeout:.0f} s; "
                                               f"see {proc.log}") from None
@@ -257,10 +258,9 @@ async def _embedded_postgres(settings: Settings, data: Path, say) -> tuple[str, 
     admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
     async def connect() -> None:
-        conn = await psycopg.AsyncConnection.connect(admin, autocommit=True, connect_timeout=2)
+        conn = await asyncpg.connect(admin, timeout=2)
         try:
-            cur = await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE])
-            if not await cur.fetchone():
+            if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", DATABASE):
                 await conn.execute(f'CREATE DATABASE "{DATABASE}"')
         finally:
             await conn.close()

@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-import psycopg
+import asyncpg
 import redis
 
 from libs.config import load_settings, redacted
@@ -38,14 +38,17 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
-def _postgres_test_db(admin_url: str) -> str | None:
+async def _postgres_test_db(admin_url: str) -> str | None:
     """Create the test database on a local server if needed; its URL, or None when no server answers."""
     try:
-        with psycopg.connect(admin_url, autocommit=True, connect_timeout=2) as conn:
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [TEST_DATABASE]).fetchone():
-                conn.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
-    except psycopg.OperationalError:
+        conn = await asyncpg.connect(admin_url, timeout=2)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
         return None
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", TEST_DATABASE):
+            await conn.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
+    finally:
+        await conn.close()
     return admin_url.rsplit("/", 1)[0] + f"/{TEST_DATABASE}"
 
 
@@ -54,7 +57,7 @@ async def main(command: list[str]) -> int:
     if env.get("MNEMESH_TEST_INFRA") == "local":
         if not env.get("REDIS_URL") and _redis_answers(LOCAL_REDIS):
             env["REDIS_URL"] = LOCAL_REDIS
-        if not env.get("DATABASE_URL") and (local := _postgres_test_db(LOCAL_POSTGRES)):
+        if not env.get("DATABASE_URL") and (local := await _postgres_test_db(LOCAL_POSTGRES)):
             env["DATABASE_URL"] = local
     with contextlib.ExitStack() as stack:
         return await _run(command, env, stack)

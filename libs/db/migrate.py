@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
-import psycopg
-from psycopg import sql
+import asyncpg
 
+from libs.db.roles import APP_ROLE, grant_app_role
 from libs.logs import get_logger
 
 __all__ = ["Migration", "MigrationError", "apply_migrations", "load_migrations"]
@@ -60,37 +60,43 @@ def load_migrations(*packages: str) -> list[Migration]:
     return sorted(migrations, key=lambda m: m.version)
 
 
-async def apply_migrations(url: str, schema: str, migrations: list[Migration]) -> list[int]:
-    """Apply what is missing in `schema`; return the versions applied now."""
+async def apply_migrations(url: str, schema: str, migrations: list[Migration], *,
+                           app_role: str | None = APP_ROLE) -> list[int]:
+    """Apply what is missing in `schema` as the owner; return the versions applied now.
+
+    Then grant `app_role` (the role the services act as) access to the schema's tables.
+    """
     applied_now: list[int] = []
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        schema_id = sql.Identifier(schema)
+    conn = await asyncpg.connect(url, timeout=15)
+    try:
+        ident = '"' + schema.replace('"', '""') + '"'
+        lock = f"migrate:{schema}"
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"migrate:{schema}"])
-            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema_id))
-            await conn.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.schema_migrations (version int PRIMARY KEY, name text NOT NULL,"
-                " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(schema_id))
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", lock)
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {ident}")
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {ident}.schema_migrations (version int PRIMARY KEY, name text NOT NULL,"
+                " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
         for migration in migrations:
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"migrate:{schema}"])
-                await conn.execute(sql.SQL("SET LOCAL search_path TO {}, public").format(schema_id))
-                cur = await conn.execute("SELECT checksum FROM schema_migrations WHERE version = %s",
-                                         [migration.version])
-                row = await cur.fetchone()
-                if row:
-                    if row[0] != migration.checksum:
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", lock)
+                await conn.execute(f"SET LOCAL search_path TO {ident}, public")
+                checksum = await conn.fetchval("SELECT checksum FROM schema_migrations WHERE version = $1",
+                                               migration.version)
+                if checksum is not None:
+                    if checksum != migration.checksum:
                         raise MigrationError(
                             f"migration {migration.version:04d}_{migration.name} of schema {schema} changed "
                             "after it was applied; add a new migration instead of editing an applied one"
                         )
                     continue
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    [migration.version, migration.name, migration.checksum],
-                )
+                await conn.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                                   migration.version, migration.name, migration.checksum)
                 applied_now.append(migration.version)
                 log.info("migration applied", schema=schema, version=migration.version, name=migration.name)
+        if app_role:
+            await grant_app_role(conn, schema, app_role)
+    finally:
+        await conn.close()
     return applied_now

@@ -35,9 +35,9 @@ from libs.events.envelope import Envelope, MalformedEvent
 from libs.events.schema import dead_letter_stream
 from libs.logs import get_logger
 from libs.telemetry import extract, tracer
-from libs.transient import TRANSIENT_ERRORS
+from libs.transient import is_transient
 
-__all__ = ["EventBus", "Handler"]
+__all__ = ["EventBus", "Fenced", "Handler"]
 
 log = get_logger(__name__)
 Handler = Callable[[Envelope], Awaitable[None]]
@@ -62,6 +62,23 @@ async def _fields_parser(msg: dict[str, Any], original: Callable[[dict[str, Any]
             undecodable.append(name)
     body = json.dumps({"fields": fields, "undecodable": undecodable}).encode()
     return await original({**msg, "data": {_FIELDS_KEY: body}})
+
+
+# XADD only while the caller's term is not older than the fence (KEYS[2]); one atomic step.
+_FENCED_XADD = """
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence > tonumber(ARGV[1]) then return redis.error_reply('FENCED term ' .. ARGV[1] .. ' < ' .. fence) end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+"""
+_RAISE_FENCE = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return redis.call('GET', KEYS[1])
+"""
+
+
+class Fenced(Exception):
+    """A publish carried an older term than the fence: its publisher no longer leads."""
 
 
 def _entry_order(entry_id: bytes | str) -> tuple[int, int]:
@@ -104,15 +121,34 @@ class EventBus:
     async def redis(self) -> Redis:
         return await self.broker.connect()
 
-    async def publish(self, envelope: Envelope, stream: str | None = None) -> str:
-        """XADD the envelope to its stream (or `stream`); return the entry id."""
+    async def raise_fence(self, key: str, term: int) -> None:
+        """Refuse fenced publishes with a term below `term` from now on (never lowers the fence)."""
+        await (await self.redis()).eval(_RAISE_FENCE, 1, key, term)
+
+    async def publish(self, envelope: Envelope, stream: str | None = None,
+                      fence: tuple[str, int] | None = None) -> str:
+        """XADD the envelope to its stream (or `stream`); return the entry id.
+
+        With `fence` (key, term), the XADD happens only if the term is not older than the
+        fence at that key; Fenced otherwise.
+        """
         target = self.stream_name(stream or envelope.stream)
         with tracer().start_as_current_span(f"publish {target}", kind=SpanKind.PRODUCER,
                                             context=extract({"traceparent": envelope.traceparent})) as span:
             span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
                                  "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id})
             # No MAXLEN here: it would trim entries no group has read yet. trim() is safe.
-            entry_id = await (await self.redis()).xadd(target, envelope.to_fields())
+            client = await self.redis()
+            if fence is None:
+                entry_id = await client.xadd(target, envelope.to_fields())
+            else:
+                flat = [item for pair in envelope.to_fields().items() for item in pair]
+                try:
+                    entry_id = await client.eval(_FENCED_XADD, 2, target, fence[0], fence[1], *flat)
+                except ResponseError as exc:
+                    if "FENCED" in str(exc):
+                        raise Fenced(str(exc)) from None
+                    raise
         self._published.add(1, {"stream": target})
         self._streams.add(target)
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -218,7 +254,7 @@ class EventBus:
     async def _on_failure(self, stream: str, group: str, entry_id: str, fields: dict[str, str], exc: Exception,
                           msg: RedisStreamMessage) -> None:
         deliveries = await msg.get_delivery_count()
-        if isinstance(exc, TRANSIENT_ERRORS):
+        if is_transient(exc):
             # The event is fine; what it needs is away. It stays pending however long that takes.
             log.warning("event handler waits for its infrastructure", stream=stream, group=group,
                         entry_id=entry_id, deliveries=deliveries, error=str(exc))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from google.protobuf import json_format
@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from libs.errors import DomainError
 from libs.events.schema import EVENT_TYPES, EventType
+from libs.events.upcasting import UpcastError, upcast_payload
 from libs.telemetry import current_traceparent
 
 __all__ = ["Envelope", "MalformedEvent"]
@@ -78,7 +79,9 @@ class Envelope:
     def message(self) -> Message:
         """The typed payload; MalformedEvent when it does not parse."""
         try:
-            return json_format.Parse(self.payload, self.spec.message())
+            # A newer version than this consumer knows is read tolerantly: known fields only.
+            return json_format.Parse(self.payload, self.spec.message(),
+                                     ignore_unknown_fields=self.schema_version > self.spec.version)
         except json_format.ParseError as exc:
             raise MalformedEvent(
                 field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
@@ -113,10 +116,8 @@ class Envelope:
             version = int(fields["schema_version"])
         except ValueError:
             raise MalformedEvent(field="schema_version", reason="must be an integer") from None
-        if version != EVENT_TYPES[event_type].version:
-            raise MalformedEvent(field="schema_version",
-                                 reason=f"version {version} of {event_type} is not supported",
-                                 hint=f"publish version {EVENT_TYPES[event_type].version}")
+        if version < 1:
+            raise MalformedEvent(field="schema_version", reason="must be 1 or more")
         try:
             occurred_at = datetime.fromisoformat(fields["occurred_at"])
         except ValueError:
@@ -136,6 +137,24 @@ class Envelope:
             causation_id=fields.get("causation_id", ""),
             traceparent=fields.get("traceparent", ""),
         )
+        envelope = envelope.upcast()
         envelope.message()  # validate the payload now, not deep inside a handler
         return envelope
+
+    def upcast(self) -> Envelope:
+        """This envelope at the current schema version of its type (see upcasting.py).
+
+        Older versions go through their upcasters; newer ones are kept as they are and
+        read tolerantly by message(). MalformedEvent when no upcaster chain exists.
+        """
+        current = self.spec.version
+        if self.schema_version >= current:
+            return self
+        try:
+            payload = upcast_payload(self.event_type, self.schema_version, current, self.payload)
+        except UpcastError as exc:
+            raise MalformedEvent(field="schema_version", reason=f"version {self.schema_version} of "
+                                 f"{self.event_type} cannot be read: {exc}",
+                                 hint=f"publish version {current}, or register an upcaster") from None
+        return replace(self, payload=payload, schema_version=current)
 

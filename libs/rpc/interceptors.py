@@ -11,16 +11,18 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 
+import asyncpg
 import grpc
 from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.auth import Principal, TokenVerifier, current_principal
-from libs.errors import DeadlineExceeded, DomainError, Internal, PermissionDenied, Unavailable, Unimplemented
+from libs.errors import (DeadlineExceeded, DomainError, Internal, PermissionDenied, Unavailable, Unimplemented,
+                         ValidationFailed)
 from libs.logs import get_logger
 from libs.rpc.status import status_for
 from libs.telemetry import extract, tracer
-from libs.transient import TRANSIENT_ERRORS
+from libs.transient import is_transient
 
 __all__ = ["CallPipeline"]
 
@@ -104,7 +106,13 @@ class CallPipeline(grpc.aio.ServerInterceptor):
         if isinstance(exc, TimeoutError) and server_deadline is not None and server_deadline.expired():
             return DeadlineExceeded(f"the call took longer than the server's {self.default_deadline:.0f} s limit",
                                     hint="send a deadline of your own, or ask for less")
-        if isinstance(exc, TRANSIENT_ERRORS):
+        if isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "")[:2] in ("22", "54"):
+            # Data the store cannot hold (a value out of range, an index row too large): the request's
+            # fault, and retrying cannot help. The edge checks should have caught it first.
+            log.warning("rpc refused by the database", method=method, sqlstate=exc.sqlstate, error=str(exc)[:200])
+            return ValidationFailed("the request holds a value the store cannot keep", retryable=False,
+                                    hint="shorten or correct the values you sent; see the limits in the README")
+        if is_transient(exc):
             log.warning("rpc failed on infrastructure", method=method, error=str(exc))
             return Unavailable(f"a dependency is unreachable ({type(exc).__name__})",
                                hint="retry with backoff; operators: check PostgreSQL and Redis")

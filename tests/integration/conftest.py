@@ -10,11 +10,11 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 import redis.asyncio
-from psycopg import sql
 
-from libs.db import Database, apply_migrations, load_migrations
+from libs.db import APP_ROLE, Database, apply_migrations, load_migrations
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +48,28 @@ async def schema(database_url: str, unique: str) -> AsyncIterator[str]:
     name = f"test_{unique}"
     await apply_migrations(database_url, name, load_migrations())
     yield name
-    import psycopg
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
 
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+@pytest.fixture
+def as_owner(database_url: str, schema: str):
+    """Run DDL in the test's schema as its owner (the services' role may not), then let the services' role
+    use what it created: `await as_owner("CREATE TABLE effects (...)")`."""
+
+    async def run(statements: str) -> None:
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": f"{schema},public"})
+        try:
+            await conn.execute(statements)
+            await conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO {APP_ROLE};'
+                               f' GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA "{schema}" TO {APP_ROLE}')
+        finally:
+            await conn.close()
+
+    return run
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ async def main(redis_url: str, database_url: str, schema: str, stream: str, grou
     bus = EventBus(redis_url, consumer_name=consumer, min_idle_ms=60_000)
 
     async def hang(envelope, conn) -> None:
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, %s)",
-                           [envelope.event_id, consumer])
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, $2)", envelope.event_id, consumer)
         print(f"handling {envelope.event_id}", flush=True)
         await asyncio.Event().wait()
 

@@ -1,8 +1,10 @@
-"""An outbox relay in a process of its own that dies right after its first publish.
+"""An outbox relay in a process of its own, so a test can kill it.
 
-    python relay_process.py REDIS_URL DATABASE_URL SCHEMA
+    python relay_process.py REDIS_URL DATABASE_URL SCHEMA doomed   # dies right after its first publish
+    python relay_process.py REDIS_URL DATABASE_URL SCHEMA steady   # runs until killed, publishing slowly
 
-The stream has the entry; the outbox row is never marked published.
+"doomed": the stream has the entry; the outbox row is never marked published.
+"steady": prints "leading" when it becomes the leader, and "published <event id>" after each publish.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import asyncio
 import os
 import signal
 import sys
-from datetime import timedelta
 
 from libs.db import Database
 from libs.events import Envelope
@@ -20,19 +21,38 @@ from libs.outbox import Outbox, OutboxRelay
 
 
 class DieAfterPublish(EventBus):
-    async def publish(self, envelope: Envelope, stream: str | None = None) -> str:
-        entry_id = await super().publish(envelope, stream)
+    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
+        entry_id = await super().publish(envelope, stream, fence)
         print(f"published {envelope.event_id}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         return entry_id
 
 
-async def main(redis_url: str, database_url: str, schema: str) -> None:
+class SlowPublisher(EventBus):
+    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
+        await asyncio.sleep(0.01)  # slow enough for a test to kill the leader part-way
+        entry_id = await super().publish(envelope, stream, fence)
+        print(f"published {envelope.event_id}", flush=True)
+        return entry_id
+
+
+async def main(redis_url: str, database_url: str, schema: str, mode: str) -> None:
     db = Database(database_url, schema)
     await db.open()
-    relay = OutboxRelay(Outbox(db), DieAfterPublish(redis_url, consumer_name="doomed"), lease=timedelta(seconds=1))
-    await relay.publish_pending()
+    if mode == "doomed":
+        relay = OutboxRelay(Outbox(db), DieAfterPublish(redis_url, consumer_name="doomed"))
+        await relay.publish_pending()
+        return
+    relay = OutboxRelay(Outbox(db), SlowPublisher(redis_url, consumer_name=f"relay-{os.getpid()}"),
+                        poll_seconds=0.1, batch=10)
+
+    async def announce() -> None:
+        await relay.leading.wait()
+        print("leading", flush=True)
+
+    print("ready", flush=True)
+    await asyncio.gather(relay.run(), announce())
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

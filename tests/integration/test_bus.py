@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import asyncpg
 import pytest
 import redis.asyncio
 
@@ -28,14 +29,12 @@ def envelope(text: str, tenant: str = "t1") -> Envelope:
 
 async def effects(db: Database) -> list[tuple[str, str]]:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT event_id::text, handled_by FROM effects ORDER BY handled_by")
-        return await cur.fetchall()
+        return [tuple(r) for r in await conn.fetch("SELECT event_id::text, handled_by FROM effects ORDER BY handled_by")]
 
 
 @pytest.fixture
-async def effects_table(db: Database) -> Database:
-    async with db.connection() as conn:
-        await conn.execute("CREATE TABLE effects (event_id uuid NOT NULL, handled_by text NOT NULL)")
+async def effects_table(db: Database, as_owner) -> Database:
+    await as_owner("CREATE TABLE effects (event_id uuid NOT NULL, handled_by text NOT NULL)")
     return db
 
 
@@ -68,7 +67,7 @@ async def test_an_entry_left_by_a_killed_consumer_is_reclaimed_and_takes_effect_
     rescuer = EventBus(redis_url, consumer_name="rescuer", min_idle_ms=300)
 
     async def work(env: Envelope, conn) -> None:
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'rescuer')", [env.event_id])
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, 'rescuer')", env.event_id)
 
     rescuer.subscribe(stream, group, idempotent(effects_table, group, work))
     await rescuer.start()
@@ -95,7 +94,7 @@ async def test_a_poison_message_is_dead_lettered_after_n_deliveries_while_others
     async def handle(env: Envelope, conn) -> None:
         if env.message().text == "poison":
             raise RuntimeError("cannot digest this")
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, 'c1')", env.event_id)
 
     bus.subscribe(stream, group, idempotent(effects_table, group, handle))
     await bus.start()
@@ -137,7 +136,7 @@ async def test_a_malformed_message_goes_to_the_dead_letter_stream_with_its_reaso
     bus = EventBus(redis_url, consumer_name="c1", min_idle_ms=200)
 
     async def handle(env: Envelope, conn) -> None:
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, 'c1')", env.event_id)
 
     bus.subscribe(stream, group, idempotent(effects_table, group, handle))
     await bus.start()
@@ -161,7 +160,7 @@ async def test_a_redelivered_event_takes_effect_once(redis_url: str, effects_tab
     handled = asyncio.Event()
 
     async def handle(env: Envelope, conn) -> None:
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, 'c1')", env.event_id)
 
     wrapped = idempotent(effects_table, group, handle)
 
@@ -237,8 +236,6 @@ async def test_trimming_keeps_entries_younger_than_the_retention_even_when_ackno
 async def test_a_handler_whose_infrastructure_is_away_is_retried_past_max_deliveries_not_dead_lettered(
     redis_url: str, effects_table: Database, streams: str
 ) -> None:
-    import psycopg
-
     stream, group = f"{streams}.outage", "g"
     bus = EventBus(redis_url, consumer_name="c1", max_deliveries=2, min_idle_ms=100)
     attempts = 0
@@ -247,8 +244,8 @@ async def test_a_handler_whose_infrastructure_is_away_is_retried_past_max_delive
         nonlocal attempts
         attempts += 1
         if attempts <= 4:
-            raise psycopg.OperationalError("the database is restarting")
-        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES (%s, 'c1')", [env.event_id])
+            raise asyncpg.CannotConnectNowError("the database system is starting up")  # SQLSTATE 57P03
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, 'c1')", env.event_id)
 
     bus.subscribe(stream, group, idempotent(effects_table, group, handle))
     await bus.start()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -27,17 +30,25 @@ def envelope(text: str) -> Envelope:
 
 
 @pytest.fixture
-async def tables(db: Database) -> Database:
-    async with db.connection() as conn:
-        await conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, text text NOT NULL)")
-        await conn.execute("CREATE TABLE effects (event_id uuid NOT NULL)")
+async def tables(db: Database, as_owner) -> Database:
+    await as_owner("CREATE TABLE notes (id serial PRIMARY KEY, text text NOT NULL);"
+                   " CREATE TABLE effects (event_id uuid NOT NULL)")
     return db
+
+
+@contextlib.asynccontextmanager
+async def relay_of(outbox: Outbox, bus: EventBus, **options) -> AsyncIterator[OutboxRelay]:
+    relay = OutboxRelay(outbox, bus, **options)
+    try:
+        yield relay
+    finally:
+        await relay.resign()
 
 
 async def write_note(db: Database, outbox: Outbox, stream: str, text: str, *, fail: bool = False) -> Envelope:
     e = envelope(text)
-    async with db.connection() as conn, conn.transaction():
-        await conn.execute("INSERT INTO notes (text) VALUES (%s)", [text])
+    async with db.transaction("t1") as conn:
+        await conn.execute("INSERT INTO notes (text) VALUES ($1)", text)
         await outbox.add(conn, e, stream=stream)
         if fail:
             raise ValueError("the change failed after its event was added")
@@ -48,7 +59,7 @@ async def consume_until(db: Database, redis_url: str, stream: str, expected: int
     consumer = EventBus(redis_url, consumer_name="consumer")
 
     async def effect(env: Envelope, conn) -> None:
-        await conn.execute("INSERT INTO effects (event_id) VALUES (%s)", [env.event_id])
+        await conn.execute("INSERT INTO effects (event_id) VALUES ($1)", env.event_id)
 
     consumer.subscribe(stream, "g", idempotent(db, "g", effect))
     await consumer.start()
@@ -56,7 +67,7 @@ async def consume_until(db: Database, redis_url: str, stream: str, expected: int
         with anyio.fail_after(20):
             while True:
                 async with db.connection() as conn:
-                    rows = await (await conn.execute("SELECT event_id::text FROM effects")).fetchall()
+                    rows = await conn.fetch("SELECT event_id::text FROM effects")
                 client = await consumer.redis()
                 (group,) = await client.xinfo_groups(stream)
                 last = await client.xrevrange(stream, count=1)
@@ -75,7 +86,8 @@ async def test_an_event_committed_while_the_relay_was_down_is_delivered_when_it_
     written = await write_note(tables, outbox, stream, "committed, relay down")
     assert await outbox.pending() == 1
     bus = EventBus(redis_url, consumer_name="relay")
-    assert await OutboxRelay(outbox, bus).publish_pending() == 1
+    async with relay_of(outbox, bus) as relay:
+        assert await relay.publish_pending() == 1
     await bus.stop()
     assert await outbox.pending() == 0
     assert await consume_until(tables, redis_url, stream, 1) == [written.event_id]
@@ -87,15 +99,15 @@ async def test_a_relay_killed_between_publish_and_mark_republishes_and_the_effec
     outbox, stream = Outbox(tables), f"{streams}.notes"
     written = await write_note(tables, outbox, stream, "published, never marked")
     doomed = subprocess.run([sys.executable, str(Path(__file__).with_name("relay_process.py")), redis_url,
-                             database_url, schema], capture_output=True, text=True, timeout=60)
+                             database_url, schema, "doomed"], capture_output=True, text=True, timeout=60)
     assert doomed.returncode == -signal.SIGKILL and f"published {written.event_id}" in doomed.stdout
     assert await outbox.pending() == 1  # the mark died with the relay
 
     restarted = EventBus(redis_url, consumer_name="relay-2")
-    relay = OutboxRelay(outbox, restarted)
-    with anyio.fail_after(20):
-        while not await relay.publish_pending():  # the dead relay's lease runs out after a second
-            await anyio.sleep(0.1)
+    async with relay_of(outbox, restarted) as relay:
+        with anyio.fail_after(20):
+            while not await relay.publish_pending():  # leads once the dead relay's lock is gone
+                await anyio.sleep(0.1)
     length = await (await restarted.redis()).xlen(stream)
     await restarted.stop()
     assert length == 2  # delivered twice: at least once
@@ -108,12 +120,13 @@ async def test_a_row_that_no_longer_parses_is_dead_lettered_and_does_not_block_t
 ) -> None:
     outbox, stream = Outbox(tables), f"{streams}.notes"
     broken = await write_note(tables, outbox, stream, "from an older schema")
-    async with tables.connection() as conn:
-        await conn.execute("UPDATE outbox SET fields = fields || '{\"schema_version\": \"0\"}' WHERE event_id = %s",
-                           [broken.event_id])
+    async with tables.system_transaction() as conn:
+        await conn.execute("UPDATE outbox SET fields = fields || '{\"schema_version\": \"0\"}' WHERE event_id = $1",
+                           broken.event_id)
     fine = await write_note(tables, outbox, stream, "current")
     bus = EventBus(redis_url, consumer_name="relay")
-    assert await OutboxRelay(outbox, bus).publish_pending() == 2
+    async with relay_of(outbox, bus) as relay:
+        assert await relay.publish_pending() == 2
     client = await bus.redis()
     published = [f[b"event_id"].decode() for _, f in await client.xrange(stream)]
     dead = await client.xrange(f"{stream}.dead")
@@ -130,7 +143,8 @@ async def test_a_rolled_back_change_publishes_no_event(tables: Database, redis_u
         await write_note(tables, outbox, stream, "never happened", fail=True)
     kept = await write_note(tables, outbox, stream, "happened")
     bus = EventBus(redis_url, consumer_name="relay")
-    assert await OutboxRelay(outbox, bus).publish_pending() == 1
+    async with relay_of(outbox, bus) as relay:
+        assert await relay.publish_pending() == 1
     entries = await (await bus.redis()).xrange(stream)
     await bus.stop()
     assert [fields[b"event_id"].decode() for _, fields in entries] == [kept.event_id]
@@ -167,15 +181,129 @@ async def test_housekeeping_purges_old_published_rows_and_processed_ids(
     outbox, stream = Outbox(tables), f"{streams}.notes"
     await write_note(tables, outbox, stream, "old news")
     bus = EventBus(redis_url, consumer_name="relay")
-    relay = OutboxRelay(outbox, bus)
-    await relay.publish_pending()
-    async with tables.connection() as conn:
-        await conn.execute("UPDATE outbox SET published_at = now() - interval '2 days'")
-        await conn.execute("INSERT INTO processed_events (consumer, event_id, processed_at) VALUES"
-                           " ('g', gen_random_uuid(), now() - interval '8 days'), ('g', gen_random_uuid(), now())")
-    await tidy(bus, relay, tables, processed_retention=timedelta(days=7))
+    async with relay_of(outbox, bus) as relay:
+        await relay.publish_pending()
+        async with tables.system_transaction() as conn:
+            await conn.execute("UPDATE outbox SET published_at = now() - interval '2 days'")
+            await conn.execute("INSERT INTO processed_events (consumer, event_id, processed_at) VALUES"
+                               " ('g', gen_random_uuid(), now() - interval '8 days'), ('g', gen_random_uuid(), now())")
+        await tidy(bus, relay, tables, processed_retention=timedelta(days=7))
     await bus.stop()
-    async with tables.connection() as conn:
-        outbox_rows = (await (await conn.execute("SELECT count(*) FROM outbox")).fetchone())[0]
-        processed = (await (await conn.execute("SELECT count(*) FROM processed_events")).fetchone())[0]
+    async with tables.system_transaction() as conn:
+        outbox_rows = await conn.fetchval("SELECT count(*) FROM outbox")
+        processed = await conn.fetchval("SELECT count(*) FROM processed_events")
     assert (outbox_rows, processed) == (0, 1)
+
+
+async def test_three_relay_processes_keep_every_aggregates_order_when_the_leader_is_killed(
+    tables: Database, redis_url: str, database_url: str, schema: str, streams: str
+) -> None:
+    outbox, stream = Outbox(tables), f"{streams}.ordered"
+    aggregates, versions = 4, 15
+    for version in range(1, versions + 1):  # each aggregate's versions are committed in order
+        for aggregate in range(aggregates):
+            await write_note(tables, outbox, stream, f"{aggregate}:{version}")
+    script = str(Path(__file__).with_name("relay_process.py"))
+    relays = [subprocess.Popen([sys.executable, script, redis_url, database_url, schema, "steady"],
+                               stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    leaders: asyncio.Queue[subprocess.Popen] = asyncio.Queue()
+    published = 0
+
+    async def watch(proc: subprocess.Popen) -> None:
+        nonlocal published
+        while line := await asyncio.to_thread(proc.stdout.readline):
+            if line.strip() == "leading":
+                await leaders.put(proc)
+            elif line.startswith("published"):
+                published += 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for proc in relays:
+                tg.start_soon(watch, proc)
+            with anyio.fail_after(30):
+                first = await leaders.get()
+                while published < 20:  # well into the outbox
+                    await anyio.sleep(0.01)
+            first.kill()  # SIGKILL mid-batch: what it published is not marked
+            with anyio.fail_after(30):
+                second = await leaders.get()
+                while await outbox.pending():
+                    await anyio.sleep(0.05)
+            assert second is not first
+            for proc in relays:
+                proc.kill()
+    finally:
+        for proc in relays:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+    client = await tables_bus_client(redis_url)
+    entries = await client.xrange(stream)
+    await client.aclose()
+    payloads = [json.loads(fields[b"payload"])["text"] for _, fields in entries]
+    seen: dict[str, list[int]] = {}
+    for text in payloads:
+        aggregate, version = text.split(":")
+        if int(version) not in seen.setdefault(aggregate, []):
+            seen[aggregate].append(int(version))  # first appearances; republished ones repeat older versions
+    assert seen == {str(a): list(range(1, versions + 1)) for a in range(aggregates)}
+
+
+async def tables_bus_client(redis_url: str):
+    import redis.asyncio
+
+    return redis.asyncio.from_url(redis_url)
+
+
+class HangingBus(EventBus):
+    """Its first fenced publish hangs until released, as an XADD stuck on a slow network would."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hanging, self.release = asyncio.Event(), asyncio.Event()
+
+    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
+        if not self.hanging.is_set():
+            self.hanging.set()
+            await self.release.wait()
+        return await super().publish(envelope, stream, fence)
+
+
+async def test_a_deposed_leader_whose_publish_hung_cannot_publish_after_its_successor(
+    tables: Database, redis_url: str, database_url: str, streams: str
+) -> None:
+    import asyncpg
+
+    from libs.events.bus import Fenced
+
+    outbox, stream = Outbox(tables), f"{streams}.fenced"
+    first = await write_note(tables, outbox, stream, "v1")
+    await write_note(tables, outbox, stream, "v2")
+    hung_bus, bus = HangingBus(redis_url, consumer_name="old"), EventBus(redis_url, consumer_name="new")
+    async with relay_of(outbox, hung_bus) as old, relay_of(outbox, bus) as new:
+        hung = asyncio.create_task(old.publish_pending())
+        with anyio.fail_after(10):
+            await hung_bus.hanging.wait()
+        # The old leader's database session ends (a network partition, say) while its XADD hangs.
+        admin = await asyncpg.connect(database_url)
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                            " AND granted AND pid <> pg_backend_pid()"
+                            " AND objid = (hashtext('outbox:' || $1))::oid", tables.schema)
+        await admin.close()
+        with anyio.fail_after(10):
+            while not await new.publish_pending():
+                await anyio.sleep(0.05)
+        assert new.term > old.term
+        hung_bus.release.set()
+        with anyio.fail_after(10):
+            await hung  # the fence refuses its XADD: it resigns instead of publishing
+        assert not old.leading.is_set()
+        with pytest.raises(Fenced):
+            await hung_bus.publish(envelope("late"), stream=stream, fence=(old.fence_key, old.term))
+    client = await bus.redis()
+    texts = [json.loads(f[b"payload"])["text"] for _, f in await client.xrange(stream)]
+    await bus.stop()
+    await hung_bus.stop()
+    assert texts == ["v1", "v2"], "the deposed leader published after its successor"
+    assert first.event_id

@@ -110,9 +110,11 @@ class FakeDocumentStore:
         self.tombstones: set[str] = set()
         self.queries: list[tuple[SearchQuery, int]] = []
 
-    async def upsert(self, document: Document) -> None:
-        if document.memory_id not in self.tombstones:
-            self.documents[document.memory_id] = document
+    async def upsert(self, document: Document) -> bool:
+        if document.memory_id in self.tombstones:
+            return False
+        self.documents[document.memory_id] = document
+        return True
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
         self.tombstones.update(memory_ids)

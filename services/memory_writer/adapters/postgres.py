@@ -1,13 +1,14 @@
-"""The PostgreSQL unit of work: memory rows, the event store and the outbox in one transaction."""
+"""The PostgreSQL unit of work: memory rows, the event store and the outbox in one transaction.
+
+The unit acts as one tenant (row-level security): the tenant of its first call, set with
+SET LOCAL for the rest of the transaction; a call for another tenant is refused.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncpg
 
-from psycopg import AsyncConnection
-from psycopg.rows import dict_row
-
-from libs.db import Database
+from libs.db import Database, rowcount
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
@@ -19,14 +20,12 @@ __all__ = ["PostgresUnitOfWork"]
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
     " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key)"
-    " VALUES (%(memory_id)s, %(tenant_id)s, %(user_id)s, %(session_id)s, %(layer)s, %(source)s, %(content)s,"
-    " %(key)s, %(confidence)s, %(engagement)s, %(tags)s, %(derived_from)s, %(step_id)s, %(attributes)s,"
-    " %(created_at)s, %(expires_at)s, %(idempotency_key)s)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
 
-def _record(row: dict) -> MemoryRecord:
+def _record(row: asyncpg.Record) -> MemoryRecord:
     return MemoryRecord(
         memory_id=str(row["memory_id"]), tenant_id=row["tenant_id"], user_id=row["user_id"],
         session_id=row["session_id"], layer=Layer(row["layer"]), source=Source(row["source"]),
@@ -41,11 +40,12 @@ class PostgresUnitOfWork:
     """A new unit per command. With `conn`, it joins that connection's transaction (stream handlers,
     whose processed-event row must commit with the effect); otherwise it takes a pooled connection."""
 
-    def __init__(self, db: Database, store: EventStore, outbox: Outbox, *, conn: AsyncConnection | None = None,
+    def __init__(self, db: Database, store: EventStore, outbox: Outbox, *, conn: asyncpg.Connection | None = None,
                  causation: Envelope | None = None) -> None:
         self.db, self.store, self.outbox = db, store, outbox
         self._outer, self.causation = conn, causation
-        self._conn: AsyncConnection | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._tenant: str | None = None
         self._cm = self._tx = None
 
     async def __aenter__(self) -> PostgresUnitOfWork:
@@ -55,57 +55,66 @@ class PostgresUnitOfWork:
             self._cm = self.db.connection()
             self._conn = await self._cm.__aenter__()
         self._tx = self._conn.transaction()  # a savepoint when joining an outer transaction
-        await self._tx.__aenter__()
+        await self._tx.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
-            await self._tx.__aexit__(*exc)
+            if exc_type is None:
+                await self._tx.commit()
+            else:
+                await self._tx.rollback()
         finally:
             if self._cm is not None:
-                await self._cm.__aexit__(*exc)
+                await self._cm.__aexit__(exc_type, exc, tb)
 
-    @property
-    def conn(self) -> AsyncConnection:
+    async def _as(self, tenant_id: str) -> asyncpg.Connection:
+        """The connection, acting as `tenant_id` (set once per unit)."""
         assert self._conn is not None, "use the unit of work in `async with`"
+        if self._tenant is None:
+            await self._conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", tenant_id)
+            self._tenant = tenant_id
+        elif self._tenant != tenant_id:
+            raise ValueError(f"this unit of work acts for tenant {self._tenant!r}, not {tenant_id!r}")
         return self._conn
 
-    async def _one(self, query: str, params: list) -> MemoryRecord | None:
-        cur = self.conn.cursor(row_factory=dict_row)
-        await cur.execute(query, params)
-        row = await cur.fetchone()
+    async def _one(self, tenant_id: str, query: str, *args: object) -> MemoryRecord | None:
+        row = await (await self._as(tenant_id)).fetchrow(query, *args)
         return _record(row) if row else None
 
     async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None:
-        return await self._one("SELECT * FROM memories WHERE tenant_id = %s AND idempotency_key = %s",
-                               [tenant_id, key])
+        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND idempotency_key = $2",
+                               tenant_id, key)
 
     async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
-        return await self._one("SELECT * FROM memories WHERE tenant_id = %s AND memory_id::text = %s",
-                               [tenant_id, memory_id])
+        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND memory_id::text = $2",
+                               tenant_id, memory_id)
 
     async def add(self, record: MemoryRecord) -> bool:
-        params = {**record.__dict__, "layer": int(record.layer), "source": int(record.source),
-                  "confidence": int(record.confidence), "tags": list(record.tags),
-                  "derived_from": list(record.derived_from), "attributes": json.dumps(record.attributes),
-                  "idempotency_key": record.idempotency_key or None}
-        return (await self.conn.execute(_INSERT, params)).rowcount == 1
+        conn = await self._as(record.tenant_id)
+        status = await conn.execute(
+            _INSERT, record.memory_id, record.tenant_id, record.user_id, record.session_id, int(record.layer),
+            int(record.source), record.content, record.key, int(record.confidence), record.engagement,
+            list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
+            record.expires_at, record.idempotency_key or None)
+        return rowcount(status) == 1
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
-        cur = await self.conn.execute(
-            "DELETE FROM memories WHERE tenant_id = %s AND memory_id::text = ANY(%s) RETURNING memory_id::text",
-            [tenant_id, memory_ids])
-        return [row[0] for row in await cur.fetchall()]
+        rows = await (await self._as(tenant_id)).fetch(
+            "DELETE FROM memories WHERE tenant_id = $1 AND memory_id::text = ANY($2::text[]) RETURNING memory_id::text",
+            tenant_id, memory_ids)
+        return [row[0] for row in rows]
 
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
-        cur = await self.conn.execute("SELECT memory_id::text FROM memories WHERE tenant_id = %s AND user_id = %s",
-                                      [tenant_id, user_id])
-        return [row[0] for row in await cur.fetchall()]
+        rows = await (await self._as(tenant_id)).fetch(
+            "SELECT memory_id::text FROM memories WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id)
+        return [row[0] for row in rows]
 
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         event_type, payload = event_to_proto(event)
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
-        version = await self.store.append(self.conn, stream_id, expected_version, [envelope])
-        await self.outbox.add(self.conn, envelope)
+        conn = await self._as(tenant_id)
+        version = await self.store.append(conn, stream_id, expected_version, [envelope])
+        await self.outbox.add(conn, envelope)
         return version

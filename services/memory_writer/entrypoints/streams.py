@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from psycopg import AsyncConnection
+import asyncpg
 
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
@@ -14,8 +14,8 @@ from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 __all__ = ["on_write_requested"]
 
 
-def on_write_requested(uow_for: Callable[[AsyncConnection, Envelope], UnitOfWork]):
-    async def handle(envelope: Envelope, conn: AsyncConnection) -> None:
+def on_write_requested(uow_for: Callable[[asyncpg.Connection, Envelope], UnitOfWork]):
+    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
         await handlers.write_memory(command_from_proto(envelope.message()), uow_for(conn, envelope),
                                     on_behalf_of=envelope.tenant_id)
 

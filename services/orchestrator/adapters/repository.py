@@ -65,7 +65,7 @@ class EventSourcedSessions:
     async def append(self, tenant_id: str, session_id: str, expected_version: int,
                      events: list[SessionEvent]) -> int:
         envelopes = [_envelope(tenant_id, session_id, e) for e in events]
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.transaction(tenant_id) as conn:
             version = await self.store.append(conn, stream_id(tenant_id, session_id), expected_version, envelopes)
             for envelope in envelopes:
                 await self.outbox.add(conn, envelope)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from psycopg import AsyncConnection
+import asyncpg
 
 from libs.events import Envelope
 from services.retriever.adapters.mapping import document_from_proto
@@ -14,8 +14,8 @@ from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 __all__ = ["on_memory_event"]
 
 
-def on_memory_event(store_in: Callable[[AsyncConnection], DocumentStore], index: VectorIndex):
-    async def handle(envelope: Envelope, conn: AsyncConnection) -> None:
+def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], index: VectorIndex):
+    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
         message = envelope.message()
         if envelope.event_type == "memory.written":
             await handlers.index_document(document_from_proto(message.memory), store_in(conn))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 from services.retriever.domain import Document, Hit, SearchQuery, rank
@@ -17,8 +18,10 @@ async def index_document(document: Document, store: DocumentStore) -> None:
 
 
 async def forget_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore, index: VectorIndex) -> int:
-    index.delete(tenant_id, memory_ids)
-    return await store.delete(tenant_id, memory_ids)
+    """Tombstone and delete in the store, then purge the index; a failure of either undoes both (retried)."""
+    removed = await store.delete(tenant_id, memory_ids)
+    await asyncio.to_thread(index.delete, tenant_id, memory_ids)  # a blocking client: off the event loop
+    return removed
 
 
 async def search(query: SearchQuery, store: DocumentStore, now: datetime | None = None) -> list[Hit]:

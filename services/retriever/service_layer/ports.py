@@ -10,8 +10,8 @@ __all__ = ["DocumentStore", "VectorIndex"]
 
 
 class DocumentStore(Protocol):
-    async def upsert(self, document: Document) -> None:
-        """Index `document`, unless its memory was forgotten (events may come out of order)."""
+    async def upsert(self, document: Document) -> bool:
+        """Index `document`, unless its memory was forgotten (events may come out of order); True if indexed."""
         ...
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:

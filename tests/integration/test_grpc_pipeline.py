@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator
 
 import anyio
+import asyncpg
 import grpc
 import jwt
-import psycopg
 import pytest
 
 from libs.auth import TokenVerifier, issue_token
@@ -159,7 +159,7 @@ async def test_a_stopping_server_reports_not_serving_before_it_stops_serving_cal
 
 class DatabaseDown(MemorySessions):
     async def history(self, tenant_id, session_id):
-        raise psycopg.OperationalError("connection refused")
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
 
 
 async def test_an_unreachable_database_is_unavailable_and_retryable_not_internal(settings: Settings) -> None:

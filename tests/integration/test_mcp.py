@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
+import asyncpg
 import httpx2
-import psycopg
 import pytest
 import redis.asyncio
 from google.protobuf import struct_pb2
@@ -27,7 +27,6 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
-from psycopg import sql
 
 from libs.auth import issue_token
 from libs.config import Settings, load_settings
@@ -94,9 +93,11 @@ async def drop_namespace(settings: Settings) -> None:
     if keys:
         await client.delete(*keys)
     await client.aclose()
-    async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(f"{settings.namespace}_tool_gateway")))
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.namespace}_tool_gateway" CASCADE')
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

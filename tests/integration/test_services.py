@@ -11,14 +11,13 @@ import uuid
 from collections.abc import AsyncIterator
 
 import anyio
+import asyncpg
 import grpc
-import psycopg
 import pytest
 import redis.asyncio
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from psycopg import sql
 
 from libs.auth import issue_token
 from libs.config import Settings, load_settings
@@ -71,10 +70,12 @@ async def mesh(redis_url: str, database_url: str, tmp_path, spans) -> AsyncItera
     if keys:
         await client.delete(*keys)
     await client.aclose()
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+    conn = await asyncpg.connect(database_url)
+    try:
         for name in SERVICES:
-            await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(f"{namespace}_{name}".replace("-", "_"))))
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}_{name}" CASCADE'.replace("-", "_"))
+    finally:
+        await conn.close()
 
 
 def token(settings: Settings, tenant: str = "acme") -> str:

@@ -85,7 +85,7 @@ def test_an_entry_missing_a_required_field_is_malformed_naming_it(name: str, how
 @pytest.mark.parametrize(("name", "value", "words"), [
     ("event_type", "memory.exploded", "unknown event type"),
     ("schema_version", "one", "integer"),
-    ("schema_version", "2", "not supported"),
+    ("schema_version", "0", "1 or more"),
     ("occurred_at", "yesterday", "ISO 8601"),
     ("event_id", "not-a-uuid", "UUID"),
     ("payload", '{"memoryIds": "not a list", "noSuchField": 1}', "MemoryForgotten"),

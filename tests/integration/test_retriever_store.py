@@ -82,3 +82,79 @@ def test_the_qdrant_server_client_keeps_tenants_apart() -> None:
     index = ServerVectorIndex(":memory:", hnsw_m=8, hnsw_ef_construct=50)
     _exercise(index)
     index.close()
+
+
+class FlakyIndex:
+    """The real embedded index, unreachable while `down` is set (as a Qdrant server outage would be)."""
+
+    def __init__(self, index: EdgeVectorIndex) -> None:
+        self.index, self.down = index, False
+
+    def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
+        if self.down:
+            from qdrant_client.http.exceptions import ResponseHandlingException
+
+            raise ResponseHandlingException(ConnectionRefusedError("Qdrant is down"))
+        self.index.delete(tenant_id, memory_ids)
+
+
+async def test_concurrent_written_and_forgotten_events_in_either_order_never_bring_a_memory_back(
+    database_url: str, schema: str, db: Database, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from libs.events import Envelope
+    from libs.idempotency import idempotent
+    from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
+    from libs.transient import is_transient
+    from services.retriever.entrypoints.streams import on_memory_event
+
+    await apply_migrations(database_url, schema, load_migrations("services.retriever"))
+    edge = EdgeVectorIndex(tmp_path / "memories", hnsw_m=8, hnsw_ef_construct=50)
+    index = FlakyIndex(edge)
+    handle = idempotent(db, "retriever", on_memory_event(lambda conn: PostgresDocuments(db, conn), index))
+    rng = random.Random(11)
+    ids = [str(uuid.uuid4()) for _ in range(40)]
+    for memory_id in ids:  # the vectors the embedding path will have written
+        edge.upsert("acme", memory_id, [rng.uniform(-1, 1) for _ in range(DENSE_SIZE)])
+
+    def written(memory_id: str) -> Envelope:
+        memory = common_pb2.Memory(memory_id=memory_id, tenant=common_pb2.TenantContext(tenant_id="acme",
+                                                                                        user_id="u1"),
+                                   layer=5, source=2, confidence=1, content=f"memory {memory_id[:8]} about Elm")
+        memory.created_at.GetCurrentTime()
+        return Envelope.wrap(events_pb2.MemoryWritten(memory=memory), event_type="memory.written", tenant_id="acme")
+
+    def forgotten(memory_id: str) -> Envelope:
+        message = events_pb2.MemoryForgotten(tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u1"),
+                                             memory_ids=[memory_id], reason="forget requested")
+        return Envelope.wrap(message, event_type="memory.forgotten", tenant_id="acme")
+
+    async def deliver(envelope: Envelope) -> None:
+        """As the bus does: a transient failure leaves the event pending, and it comes again."""
+        while True:
+            try:
+                return await handle(envelope)
+            except Exception as exc:  # noqa: BLE001 - only transient failures may be retried here
+                assert is_transient(exc), exc
+                await asyncio.sleep(0.05)
+
+    async def outage() -> None:
+        index.down = True
+        await asyncio.sleep(0.3)
+        index.down = False
+
+    pairs = []
+    for n, memory_id in enumerate(ids):
+        w, f = written(memory_id), forgotten(memory_id)
+        pairs.append(deliver(w) if n % 2 else deliver(f))
+        pairs.append(deliver(f) if n % 2 else deliver(w))
+    rng.shuffle(pairs)
+    await asyncio.gather(outage(), *pairs)
+
+    async with db.system_transaction() as conn:
+        left = await conn.fetchval("SELECT count(*) FROM documents WHERE memory_id = ANY($1::uuid[])", ids)
+        tombstones = await conn.fetchval("SELECT count(*) FROM tombstones WHERE memory_id = ANY($1::uuid[])", ids)
+    vectors = edge.count("acme")
+    edge.close()
+    assert (left, tombstones, vectors) == (0, len(ids), 0)

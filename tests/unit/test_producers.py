@@ -15,6 +15,7 @@ from libs.events import Envelope, MalformedEvent
 from libs.events.producers import admit, admitted, produce_scope
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
+from mnemesh.cli import main
 
 SECRET = "producers-unit-test-secret-0123456789abcdef"
 PRODUCE = produce_scope(MEMORY_COMMANDS)
@@ -164,3 +165,15 @@ def test_a_payload_that_is_not_the_expected_message_is_malformed(payload: str) -
         Envelope.from_fields(command().to_fields() | {"payload": payload})
     assert err.value.field == "payload"
     assert "WriteMemoryRequest" in err.value.reason
+
+
+def test_the_cli_mints_a_producer_token_for_the_command_stream(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("MNEMESH_JWT_SECRET", SECRET)
+    assert main(["token", "--producer", "--tenant", "acme", "--subject", "crm-sync"]) == 0
+    principal = TokenVerifier(load_settings(jwt_secret=SECRET)).verify(capsys.readouterr().out.strip())
+    assert (principal.subject, principal.tenant_id, principal.scopes) == ("crm-sync", "acme", {PRODUCE})
+
+
+def test_the_cli_refuses_a_producer_token_for_an_internal_stream(capsys) -> None:
+    assert main(["token", "--producer", MEMORY_EVENTS, "--tenant", "acme"]) == 2
+    assert "use one of mnemesh.memory.commands" in capsys.readouterr().err

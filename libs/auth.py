@@ -17,10 +17,18 @@ import jwt
 from libs.config import Settings
 from libs.errors import Unauthenticated, Unavailable
 
-__all__ = ["TENANT_ID", "Principal", "TokenVerifier", "current_principal", "issue_token"]
+__all__ = ["TENANT_ID", "TENANT_ID_RULE", "Principal", "TokenVerifier", "current_principal", "is_tenant_id",
+           "issue_token"]
 
 # Tenant ids appear in keys and stream ids; a closed alphabet keeps those unambiguous.
 TENANT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TENANT_ID_RULE = "1-64 letters, digits, '_', '.' or '-'"
+
+
+def is_tenant_id(value: object) -> bool:
+    """The one tenant-id rule, for token claims, envelopes and requests alike: a tenant id
+    anything carries is one a token could hold."""
+    return isinstance(value, str) and TENANT_ID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,8 @@ def issue_token(
     settings: Settings, *, subject: str, tenant_id: str, scopes: list[str], ttl_seconds: int = 3600
 ) -> str:
     """A development token signed with the HS256 secret (`mnemesh token` prints one)."""
-    if not TENANT_ID.fullmatch(tenant_id):
-        raise ValueError(f"tenant {tenant_id!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    if not is_tenant_id(tenant_id):
+        raise ValueError(f"tenant {tenant_id[:64]!r} must be {TENANT_ID_RULE}")
     now = int(time.time())
     claims = {"sub": subject, "tenant": tenant_id, "scope": " ".join(scopes), "iat": now,
               "exp": now + ttl_seconds, "iss": settings.jwt_issuer, "aud": settings.jwt_audience}
@@ -61,6 +69,11 @@ class TokenVerifier:
             self._key = Path(settings.jwt_public_key_file).read_text()
         elif self._jwks is None:
             raise ValueError("MNEMESH_JWT_ALGORITHM=RS256 needs MNEMESH_JWT_JWKS_URL or MNEMESH_JWT_PUBLIC_KEY_FILE")
+
+    @property
+    def fetches_keys(self) -> bool:
+        """Whether verify() may block on a JWKS fetch (then call it off the event loop)."""
+        return self._jwks is not None
 
     def verify(self, token: str | None) -> Principal:
         """The principal of a bearer token; Unauthenticated with the precise reason otherwise.
@@ -93,8 +106,8 @@ class TokenVerifier:
             raise Unauthenticated(f"the token is not a valid JWT: {exc}", field="authorization",
                                   hint="send a JWT signed with " + self.algorithm) from None
         tenant = claims["tenant"]
-        if not isinstance(tenant, str) or not TENANT_ID.fullmatch(tenant):
-            raise Unauthenticated("the token's tenant claim must be 1-64 letters, digits, '_', '.' or '-'",
+        if not is_tenant_id(tenant):
+            raise Unauthenticated(f"the token's tenant claim must be {TENANT_ID_RULE}",
                                   field="authorization", hint="issue the token for one named tenant")
         raw = claims.get("scopes", claims.get("scope", ""))
         if isinstance(raw, str):

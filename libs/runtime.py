@@ -25,6 +25,7 @@ from libs.auth import TokenVerifier
 from libs.config import ConfigError, Settings, redacted
 from libs.db import Database, RoleError, apply_migrations, load_migrations
 from libs.events.bus import EventBus
+from libs.events.producers import admitted
 from libs.eventstore import EventStore
 from libs.housekeeping import housekeeping
 from libs.idempotency import TransactionalHandler, idempotent
@@ -64,8 +65,10 @@ class ServiceContext:
         self.registrations.append(registration)
 
     def subscribe(self, stream: str, handler: TransactionalHandler) -> None:
-        """Consume `stream` in this service's group; `handler` runs once per event id, in a transaction."""
-        self.bus.subscribe(stream, self.group, idempotent(self.db, self.group, handler))
+        """Consume `stream` in this service's group; `handler` runs once per event id, in a transaction,
+        for entries that pass admission (event type of this stream; producer credential on external streams)."""
+        handle = idempotent(self.db, self.group, handler)
+        self.bus.subscribe(stream, self.group, admitted(stream, handle, self.verifier))
 
 
 async def check_infrastructure(settings: Settings) -> None:

@@ -80,9 +80,19 @@ def cmd_health(ns: argparse.Namespace) -> int:
 
 def cmd_token(ns: argparse.Namespace) -> int:
     from libs.auth import issue_token
+    from libs.events.producers import produce_scope
+    from libs.events.schema import STREAMS
 
+    scopes = list(ns.scope or [])
+    if ns.producer:
+        external = sorted(name for name, stream in STREAMS.items() if stream.external)
+        if ns.producer not in external:
+            print(f"mnemesh token: --producer {ns.producer!r} is not a stream producers publish to; "
+                  f"use one of {', '.join(external)}", file=sys.stderr)
+            return 2
+        scopes.append(produce_scope(ns.producer))
     try:
-        print(issue_token(_settings(), subject=ns.subject, tenant_id=ns.tenant, scopes=ns.scope or ["*"],
+        print(issue_token(_settings(), subject=ns.subject, tenant_id=ns.tenant, scopes=scopes or ["*"],
                           ttl_seconds=ns.ttl))
     except ValueError as exc:
         print(f"mnemesh token: {exc}", file=sys.stderr)
@@ -132,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True)
     p.add_argument("--subject", default="dev")
     p.add_argument("--scope", action="append", help="repeat for several; default '*'")
+    p.add_argument("--producer", nargs="?", const="mnemesh.memory.commands", metavar="STREAM",
+                   help="a producer token: adds the scope produce:STREAM (default mnemesh.memory.commands)")
     p.add_argument("--ttl", type=int, default=3600, help="seconds")
     p.set_defaults(func=cmd_token)
 

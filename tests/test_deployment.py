@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -55,3 +57,29 @@ def test_kubernetes_manifests_render_with_probes_budgets_and_autoscaling() -> No
         if d["kind"] == "Deployment":
             container = d["spec"]["template"]["spec"]["containers"][0]
             assert {"livenessProbe", "readinessProbe", "resources"} <= set(container), d["metadata"]["name"]
+
+
+def acl_users() -> dict[str, str]:
+    """user -> password of infra/redis/users.acl."""
+    return dict(re.findall(r"^user (\S+) on >(\S+)", (ROOT / "infra/redis/users.acl").read_text(), re.MULTILINE))
+
+
+def test_compose_runs_redis_with_the_acl_file_and_each_service_as_its_own_user() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    redis = compose["services"]["redis"]
+    assert "--aclfile" in redis["command"]
+    assert any(v.startswith("./infra/redis/users.acl:") for v in redis["volumes"])
+    users = acl_users()
+    for name in SERVICES:
+        url = urlsplit(compose["services"][name]["environment"]["REDIS_URL"])
+        assert url.username == name, f"{name} connects to Redis as {url.username!r}, not as its own user"
+        assert users.get(name) == url.password, f"{name}'s REDIS_URL password does not match infra/redis/users.acl"
+
+
+def test_kubernetes_secret_gives_each_service_its_own_redis_user() -> None:
+    secret = yaml.safe_load((ROOT / "infra/k8s/base/redis-users.yaml").read_text())
+    users = acl_users()
+    for name in SERVICES:
+        url = urlsplit(secret["stringData"][name])
+        assert (url.username, url.password) == (name, users.get(name)), f"{name} in redis-users.yaml"
+    assert "REDIS_URL=" not in (ROOT / "infra/k8s/base/common.env").read_text()  # no shared, all-powerful URL

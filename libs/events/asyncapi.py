@@ -11,6 +11,9 @@ import json
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from libs.auth import TENANT_ID
+from libs.events.envelope import CREDENTIAL_FIELD
+from libs.events.producers import produce_scope
 from libs.events.schema import EVENT_TYPES, STREAMS, dead_letter_stream
 
 __all__ = ["document", "render"]
@@ -31,7 +34,7 @@ _ENVELOPE_FIELDS = {
     "event_id": {"type": "string", "format": "uuid"},
     "event_type": {"type": "string"},
     "schema_version": {"type": "string", "pattern": "^[0-9]+$"},
-    "tenant_id": {"type": "string"},
+    "tenant_id": {"type": "string", "pattern": f"^{TENANT_ID.pattern}$"},
     "occurred_at": {"type": "string", "format": "date-time"},
     "correlation_id": {"type": "string"},
     "causation_id": {"type": "string"},
@@ -84,13 +87,17 @@ def document() -> dict:
         key = spec.stream.replace(".", "_")
         msg_name = spec.name.replace(".", "_")
         payload_ref = _message_ref(spec.message.DESCRIPTOR, schemas)
+        credential = {CREDENTIAL_FIELD: {
+            "type": "string", "description": f"producer JWT with the scope {produce_scope(spec.stream)} (or "
+                                             "produce:*) for the envelope's tenant_id; entries without a valid one "
+                                             "are dead-lettered"}} if STREAMS[spec.stream].external else {}
         messages[msg_name] = {
             "name": spec.name,
             "title": spec.message.DESCRIPTOR.name,
             "summary": spec.description,
             "contentType": "application/json",
-            "headers": {"type": "object", "required": list(_ENVELOPE_FIELDS),
-                        "properties": {**_ENVELOPE_FIELDS,
+            "headers": {"type": "object", "required": [*_ENVELOPE_FIELDS, *credential],
+                        "properties": {**_ENVELOPE_FIELDS, **credential,
                                        "event_type": {"const": spec.name},
                                        "schema_version": {"const": str(spec.version)}}},
             "payload": {**payload_ref, "description": "carried as proto3 JSON text in the stream field `payload`"},

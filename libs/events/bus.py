@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from libs.errors import DomainError
-from libs.events.envelope import Envelope, MalformedEvent
+from libs.events.envelope import CREDENTIAL_FIELD, Envelope, MalformedEvent
 from libs.events.schema import dead_letter_stream
 from libs.logs import get_logger
 from libs.telemetry import extract, tracer
@@ -280,7 +280,8 @@ class EventBus:
                           entry_id: str = "", deliveries: int = 0) -> None:
         """Put an entry that cannot be handled on `<stream>.dead`, with its reason; `stream` is the Redis key."""
         dead = {
-            **{f"original.{k}": v for k, v in fields.items()},
+            # A producer's credential is not kept: a replay needs a fresh token anyway.
+            **{f"original.{k}": "[redacted]" if k == CREDENTIAL_FIELD else v for k, v in fields.items()},
             "dead.stream": stream,
             "dead.entry_id": entry_id,
             "dead.group": group,

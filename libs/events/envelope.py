@@ -14,12 +14,16 @@ from datetime import UTC, datetime
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from libs.auth import TENANT_ID_RULE, is_tenant_id
 from libs.errors import DomainError
 from libs.events.schema import EVENT_TYPES, EventType
 from libs.events.upcasting import UpcastError, upcast_payload
 from libs.telemetry import current_traceparent
 
-__all__ = ["Envelope", "MalformedEvent"]
+__all__ = ["CREDENTIAL_FIELD", "Envelope", "MalformedEvent"]
+
+# The stream field carrying a producer's JWT on command streams (see libs/events/producers.py).
+CREDENTIAL_FIELD = "auth"
 
 _REQUIRED = ("event_id", "event_type", "schema_version", "tenant_id", "occurred_at", "payload")
 
@@ -41,6 +45,8 @@ class Envelope:
     correlation_id: str = ""
     causation_id: str = ""
     traceparent: str = ""
+    # A producer's JWT; set on command streams only, never logged or printed.
+    credential: str = field(default="", repr=False, compare=False)
 
     @classmethod
     def wrap(
@@ -51,6 +57,7 @@ class Envelope:
         tenant_id: str,
         causation: Envelope | None = None,
         correlation_id: str = "",
+        credential: str = "",
     ) -> Envelope:
         """Build an envelope for `message`, caused by `causation` when given, in the current trace."""
         spec = EVENT_TYPES[event_type]
@@ -66,6 +73,7 @@ class Envelope:
             correlation_id=correlation_id or (causation.correlation_id if causation else "") or event_id,
             causation_id=causation.event_id if causation else "",
             traceparent=current_traceparent(),
+            credential=credential,
         )
 
     @property
@@ -78,6 +86,10 @@ class Envelope:
 
     def message(self) -> Message:
         """The typed payload; MalformedEvent when it does not parse."""
+        if not self.payload.lstrip().startswith("{"):  # json_format would take `[]` for an empty message
+            raise MalformedEvent(field="payload", reason=f"must be a JSON object (a {self.spec.message.__name__})",
+                                 hint="publish the payload as proto3 JSON of the message named in the AsyncAPI "
+                                      "document")
         try:
             # A newer version than this consumer knows is read tolerantly: known fields only.
             return json_format.Parse(self.payload, self.spec.message(),
@@ -99,7 +111,7 @@ class Envelope:
             "causation_id": self.causation_id,
             "traceparent": self.traceparent,
             "payload": self.payload,
-        }
+        } | ({CREDENTIAL_FIELD: self.credential} if self.credential else {})
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Envelope:
@@ -110,8 +122,12 @@ class Envelope:
                                      hint=f"every event needs the fields {', '.join(_REQUIRED)}")
         event_type = fields["event_type"]
         if event_type not in EVENT_TYPES:
-            raise MalformedEvent(field="event_type", reason=f"unknown event type {event_type!r}",
+            raise MalformedEvent(field="event_type", reason=f"unknown event type {event_type[:40]!r}",
                                  hint=f"use one of {', '.join(sorted(EVENT_TYPES))}")
+        if not is_tenant_id(fields["tenant_id"]):
+            raise MalformedEvent(field="tenant_id", reason=f"{fields['tenant_id'][:40]!r} is not a tenant id: it must "
+                                                           f"be {TENANT_ID_RULE}",
+                                 hint="publish under the tenant your producer token was issued for")
         try:
             version = int(fields["schema_version"])
         except ValueError:
@@ -136,6 +152,7 @@ class Envelope:
             correlation_id=fields.get("correlation_id", ""),
             causation_id=fields.get("causation_id", ""),
             traceparent=fields.get("traceparent", ""),
+            credential=fields.get(CREDENTIAL_FIELD, ""),
         )
         envelope = envelope.upcast()
         envelope.message()  # validate the payload now, not deep inside a handler

@@ -20,6 +20,10 @@ class Stream:
     name: str
     owner: str  # the one service that writes it
     description: str
+    # Written from outside the mesh: each entry carries a producer JWT with the scope
+    # `produce:<name>`, verified before any handler runs (libs/events/producers.py).
+    # Internal streams are written only by the owning service's Redis user (infra/redis/users.acl).
+    external: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ SESSION_EVENTS = "mnemesh.session.events"
 STREAMS: dict[str, Stream] = {
     s.name: s
     for s in [
-        Stream(MEMORY_COMMANDS, "producers", "Write commands from event producers to the memory-writer."),
+        Stream(MEMORY_COMMANDS, "producers", "Write commands from event producers to the memory-writer.",
+               external=True),
         Stream(MEMORY_EVENTS, "memory-writer", "Memories written, corrected, expired or forgotten."),
         Stream(MEMORY_ACCESS, "retriever", "Batched memory accesses that update engagement."),
         Stream(TOOL_EVENTS, "tool-gateway", "Tool registrations and calls; feeds procedural memory."),

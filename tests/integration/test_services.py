@@ -131,8 +131,10 @@ async def test_a_write_command_from_the_stream_goes_through_the_same_pipeline(me
         source=common_pb2.SOURCE_KIND_USER_STATEMENT, content="我的会员等级是金卡", idempotency_key="k-1")
     bad = memory_pb2.WriteMemoryRequest(tenant=command.tenant, layer=command.layer, source=command.source,
                                         content="  ")
+    producer = issue_token(mesh, subject="crm-sync", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
     for message in (command, command, bad):  # the second is a retry with the same idempotency key
-        await bus.publish(Envelope.wrap(message, event_type="memory.write_requested", tenant_id="acme"))
+        await bus.publish(Envelope.wrap(message, event_type="memory.write_requested", tenant_id="acme",
+                                        credential=producer))
     hits = (await search_until_found(mesh, "会员等级")).hits
     assert [h.memory.content for h in hits] == ["我的会员等级是金卡"]
     client = await bus.redis()

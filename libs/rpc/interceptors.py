@@ -59,7 +59,8 @@ def _tolerant(deserializer, method: str):
     def deserialize(data: bytes):
         try:
             return deserializer(data)
-        except Exception:  # noqa: BLE001 - any parse failure (DecodeError, RecursionError...) is the caller's
+        # Any parse failure (DecodeError, RecursionError...) is the caller's: nothing to log.
+        except Exception:  # noqa: BLE001
             return Undecodable(name)
 
     return deserialize

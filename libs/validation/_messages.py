@@ -103,7 +103,7 @@ def check_message(message: Message, prefix: str = "") -> None:
     for fd, value in message.ListFields():
         path = f"{prefix}{fd.name}"
         limit = limits.get(fd.name)
-        if fd.label == FieldDescriptor.LABEL_REPEATED:
+        if fd.is_repeated:
             most = limit.items if limit and limit.items else 1_000
             if len(value) > most:
                 raise ValidationFailed(f"has {len(value)} items; the limit is {most}", field=path,

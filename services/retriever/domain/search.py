@@ -16,7 +16,7 @@ MAX_LIMIT = 100
 RECENCY_HALF_LIFE_DAYS = 30.0
 L2_MEDIUM = 2
 LAYERS = range(1, 7)  # mnemesh.v1.MemoryLayer SESSION..PROCEDURAL
-CONFIDENCES = range(0, 4)  # mnemesh.v1.Confidence: 0 any, 1 strong .. 3 weak
+CONFIDENCES = range(4)  # mnemesh.v1.Confidence: 0 any, 1 strong .. 3 weak
 
 
 @dataclass(frozen=True)

@@ -280,12 +280,13 @@ def _invalid_utf8(request_type) -> bytes:
     for fd in request_type.DESCRIPTOR.fields:
         if fd.type == fd.TYPE_STRING:
             return _ld(fd.number, b"\xff\xfe\xed\xa0\x80")
-    return _ld(1, _ld(1, b"\xed\xa0\x80"))  # RegisterToolRequest: tool.name; ListBackendsRequest: unknown
+    return _ld(1, _ld(1, b"\xed\xa0\x80"))  # RegisterToolRequest: tool.name
 
 
 UNDECODABLE = [(f"{rpc[1].rsplit('/', 1)[1]} {kind}", *rpc, payload)
                for rpc in RPCS
-               for kind, payload in (("truncated", b"\x0a\xff"), ("not utf-8", _invalid_utf8(rpc[2])))]
+               for kind, payload in (("truncated", b"\x0a\xff"), ("not utf-8", _invalid_utf8(rpc[2])))
+               if rpc[2].DESCRIPTOR.fields or kind == "truncated"]  # an empty message has no string to spoil
 UNDECODABLE += [("Write nested 150 deep", *RPCS[0], _ld(12, _nested_struct(150))),
                 ("CallTool nested 150 deep", *RPCS[9], _ld(3, _nested_struct(150)))]
 

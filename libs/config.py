@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
     embedded_postgres_port: int = Field(15432, ge=1, le=65535)
 
+    # Development mode allows what production must not: today, the published default JWT secret.
+    # `make run` and `mnemesh run --dev` set it; nothing else does.
+    dev_mode: bool = False
+
     # Auth: HS256 with a shared secret for development, RS256 (JWKS or PEM) for production.
     auth_enabled: bool = True
     jwt_algorithm: Literal["HS256", "RS256"] = "HS256"

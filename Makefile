@@ -39,7 +39,7 @@ $(STAMP): $(CREATED) requirements.lock requirements-dev.lock pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/mnemesh run
+	$(BIN)/mnemesh run --dev
 
 test: setup
 	$(BIN)/python scripts/test_infra.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -7,29 +7,18 @@ Claims: ``sub`` (who), ``tenant`` (whose data), ``scope`` (space-separated) or
 from __future__ import annotations
 
 import contextvars
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
 
-from libs.config import Settings
+from libs.config import PUBLISHED_JWT_SECRETS, Settings
 from libs.errors import Unauthenticated, Unavailable
+from libs.validation import TENANT_ID, TENANT_ID_RULE, is_tenant_id
 
 __all__ = ["TENANT_ID", "TENANT_ID_RULE", "Principal", "TokenVerifier", "current_principal", "is_tenant_id",
-           "issue_token"]
-
-# Tenant ids appear in keys and stream ids; a closed alphabet keeps those unambiguous.
-TENANT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-TENANT_ID_RULE = "1-64 letters, digits, '_', '.' or '-'"
-
-
-def is_tenant_id(value: object) -> bool:
-    """The one tenant-id rule, for token claims, envelopes and requests alike: a tenant id
-    anything carries is one a token could hold."""
-    return isinstance(value, str) and TENANT_ID.fullmatch(value) is not None
-
+           "issue_token", "refuse_published_secret"]
 
 @dataclass(frozen=True)
 class Principal:
@@ -58,13 +47,25 @@ def issue_token(
     return jwt.encode(claims, settings.jwt_secret.get_secret_value(), algorithm="HS256")
 
 
+def refuse_published_secret(settings: Settings) -> None:
+    """ValueError when tokens would be checked with a secret anyone can read, outside development mode."""
+    published = settings.jwt_secret.get_secret_value() in PUBLISHED_JWT_SECRETS
+    if published and settings.auth_enabled and settings.jwt_algorithm == "HS256" and not settings.dev_mode:
+        raise ValueError("MNEMESH_JWT_SECRET is a secret published in the Mnemesh repository, so anyone could "
+                         "sign tokens: set MNEMESH_JWT_SECRET to 32+ random bytes (e.g. `openssl rand -hex 32`), "
+                         "or, on a development machine only, set MNEMESH_DEV_MODE=true (`make run` and "
+                         "`mnemesh run --dev` do)")
+
+
 class TokenVerifier:
     def __init__(self, settings: Settings) -> None:
         self.algorithm = settings.jwt_algorithm
         self.issuer, self.audience = settings.jwt_issuer, settings.jwt_audience
+        self.leeway = settings.jwt_leeway_seconds
         self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
         if self.algorithm == "HS256":
             self._key: object = settings.jwt_secret.get_secret_value()
+            refuse_published_secret(settings)
         elif settings.jwt_public_key_file:
             self._key = Path(settings.jwt_public_key_file).read_text()
         elif self._jwks is None:
@@ -86,13 +87,17 @@ class TokenVerifier:
         try:
             key = self._jwks.get_signing_key_from_jwt(token).key if self._jwks else self._key
             claims = jwt.decode(token, key, algorithms=[self.algorithm], issuer=self.issuer, audience=self.audience,
-                                options={"require": ["sub", "exp", "tenant"]})
+                                leeway=self.leeway, options={"require": ["sub", "exp", "tenant"]})
         except jwt.PyJWKClientConnectionError as exc:
             raise Unavailable(f"the signing keys cannot be fetched: {exc}", field="authorization",
                               hint="retry shortly; operators: check MNEMESH_JWT_JWKS_URL") from None
         except jwt.ExpiredSignatureError:
             raise Unauthenticated("the token has expired", field="authorization",
                                   hint="get a fresh token and retry") from None
+        except jwt.ImmatureSignatureError:
+            raise Unauthenticated(f"the token is not valid yet (nbf or iat more than {self.leeway:g} s ahead of "
+                                  "this server's clock)", field="authorization",
+                                  hint="check the issuer's clock, or wait until the token's nbf") from None
         except jwt.InvalidSignatureError:
             raise Unauthenticated("the token signature does not verify", field="authorization",
                                   hint="use a token signed by this deployment's issuer key") from None

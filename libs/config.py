@@ -21,7 +21,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-__all__ = ["SERVICES", "ConfigError", "ServicePorts", "Settings", "load_settings", "redacted"]
+__all__ = ["PUBLISHED_JWT_SECRETS", "SERVICES", "ConfigError", "ServicePorts", "Settings", "load_settings",
+           "redacted"]
+
+# Secrets anyone can read in this repository: the default below and the Kubernetes placeholder.
+# Outside development mode a service refuses to start with one of them (see libs/auth.py).
+PUBLISHED_JWT_SECRETS = frozenset({"mnemesh-dev-secret-change-me-0123456789",
+                                   "change-me-placeholder-dev-only-0123456789abcdef"})
 
 
 class ServicePorts:
@@ -70,6 +76,10 @@ class Settings(BaseSettings):
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
     embedded_postgres_port: int = Field(15432, ge=1, le=65535)
 
+    # Development mode allows what production must not: today, the published default JWT secret.
+    # `make run` and `mnemesh run --dev` set it; nothing else does.
+    dev_mode: bool = False
+
     # Auth: HS256 with a shared secret for development, RS256 (JWKS or PEM) for production.
     auth_enabled: bool = True
     jwt_algorithm: Literal["HS256", "RS256"] = "HS256"
@@ -78,6 +88,7 @@ class Settings(BaseSettings):
     jwt_public_key_file: Path | None = None
     jwt_issuer: str = "mnemesh"
     jwt_audience: str = "mnemesh"
+    jwt_leeway_seconds: float = Field(30.0, ge=0, le=300, description="clock skew allowed on exp, nbf and iat")
 
     # Telemetry.
     otlp_endpoint: str | None = Field(

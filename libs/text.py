@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["is_cjk", "tokenize"]
+__all__ = ["MAX_TERM_CHARS", "is_cjk", "tokenize"]
+
+# The longest term the keyword index holds (a GIN entry must fit in about a third of a page, 2.7 KB,
+# and a character takes up to 4 bytes); the write side refuses content with longer words.
+MAX_TERM_CHARS = 200
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 

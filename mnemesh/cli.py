@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from libs.config import SERVICES, ConfigError, Settings, load_settings
@@ -21,9 +22,18 @@ def _settings() -> Settings:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    from libs.auth import refuse_published_secret
     from mnemesh.supervisor import run_mesh
 
-    return asyncio.run(run_mesh(_settings()))
+    if ns.dev:
+        os.environ["MNEMESH_DEV_MODE"] = "true"  # the services the supervisor starts inherit it
+    settings = _settings()
+    try:
+        refuse_published_secret(settings)
+    except ValueError as exc:
+        print(f"mnemesh run: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_mesh(settings))
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
@@ -123,8 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnemesh", description="Mnemesh: memory and tools for AI agents.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("run", help="boot the whole mesh (embedded infrastructure unless configured)").set_defaults(
-        func=cmd_run)
+    p = sub.add_parser("run", help="boot the whole mesh (embedded infrastructure unless configured)")
+    p.add_argument("--dev", action="store_true",
+                   help="development mode (MNEMESH_DEV_MODE=true): allows the published default JWT secret")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("serve", help="run one service in the foreground")
     p.add_argument("service", choices=list(SERVICES))

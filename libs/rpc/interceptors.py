@@ -17,18 +17,54 @@ from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.auth import Principal, TokenVerifier, current_principal
-from libs.errors import (DeadlineExceeded, DomainError, Internal, PermissionDenied, Unavailable, Unimplemented,
-                         ValidationFailed)
+from libs.errors import (
+    DeadlineExceeded,
+    DomainError,
+    Internal,
+    PermissionDenied,
+    Unavailable,
+    Unimplemented,
+    ValidationFailed,
+)
 from libs.logs import get_logger
 from libs.rpc.status import status_for
 from libs.telemetry import extract, tracer
 from libs.transient import is_transient
+from libs.validation import check_message, quote
 
 __all__ = ["CallPipeline"]
 
 log = get_logger(__name__)
 _PUBLIC = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
+
+
+class Undecodable:
+    """Stands for a request whose bytes are not a valid message (invalid UTF-8, corrupt, nested too deep).
+
+    grpc would answer UNKNOWN "Unexpected DecodeError" before any interceptor ran; handing this on
+    instead lets the pipeline authenticate the caller first and then refuse with INVALID_ARGUMENT.
+    """
+
+    def __init__(self, message_name: str) -> None:
+        self.message_name = message_name
+
+
+def _tolerant(deserializer, method: str):
+    """`deserializer` that returns Undecodable instead of raising."""
+    if deserializer is None:
+        return None
+    owner = getattr(deserializer, "__self__", None)  # the generated code passes X.FromString
+    name = owner.DESCRIPTOR.full_name if hasattr(owner, "DESCRIPTOR") else f"request of {method}"
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        # Any parse failure (DecodeError, RecursionError...) is the caller's: nothing to log.
+        except Exception:  # noqa: BLE001
+            return Undecodable(name)
+
+    return deserialize
 
 
 class CallPipeline(grpc.aio.ServerInterceptor):
@@ -57,7 +93,7 @@ class CallPipeline(grpc.aio.ServerInterceptor):
                 async with self._call(method, request, context, streaming=False):
                     return await inner(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
+            return grpc.unary_unary_rpc_method_handler(unary_unary, _tolerant(handler.request_deserializer, method),
                                                        handler.response_serializer)
         if handler.unary_stream:
             inner_stream = handler.unary_stream
@@ -67,7 +103,8 @@ class CallPipeline(grpc.aio.ServerInterceptor):
                     async for item in inner_stream(request, context):
                         yield item
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
+            return grpc.unary_stream_rpc_method_handler(unary_stream,
+                                                        _tolerant(handler.request_deserializer, method),
                                                         handler.response_serializer)
         return handler  # client-streaming RPCs are not part of the API
 
@@ -93,7 +130,8 @@ class CallPipeline(grpc.aio.ServerInterceptor):
         if tenant is not None and principal.tenant_id:
             # Tenant isolation is a hard filter: the token decides, the request can only agree.
             if tenant.tenant_id and tenant.tenant_id != principal.tenant_id:
-                raise PermissionDenied(f"the token is for tenant {principal.tenant_id!r}, not {tenant.tenant_id!r}",
+                raise PermissionDenied(f"the token is for tenant {principal.tenant_id!r}, "
+                                       f"not {quote(tenant.tenant_id)}",
                                        field="tenant.tenant_id", hint="leave tenant_id empty or use your own")
             tenant.tenant_id = principal.tenant_id
 
@@ -134,7 +172,13 @@ class CallPipeline(grpc.aio.ServerInterceptor):
             token = None
             try:
                 principal = await self._authenticate(context)
+                if isinstance(request, Undecodable):
+                    # Said after authentication, and nothing more: the parser's complaint stays here.
+                    raise ValidationFailed(f"the request is not a valid {request.message_name} message",
+                                           hint="send a message built from proto/mnemesh/v1 (strings must be "
+                                                "valid UTF-8)")
                 self._authorise(method, principal, request)
+                check_message(request)
                 token = current_principal.set(principal)
                 span.set_attribute("enduser.id", principal.subject)
                 if streaming or context.time_remaining() is not None:

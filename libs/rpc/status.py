@@ -32,18 +32,29 @@ def _pack(message) -> any_pb2.Any:
     return packed
 
 
+# Rules quote input through libs.validation.quote; this cap is the last guard, so that no
+# message can outgrow the client's metadata limit (8 KB by default) whatever a rule repeats.
+MAX_FIELD_CHARS, MAX_TEXT_CHARS = 200, 1_000
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def status_for(error: DomainError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
     """(code, message, trailing metadata carrying the rich status) for `error`."""
     code = CODES.get(error.error_type, grpc.StatusCode.FAILED_PRECONDITION)
-    detail = common_pb2.ErrorDetail(error_type=error.error_type, field=error.field, reason=error.reason,
-                                    retryable=error.retryable, hint=error.hint)
+    field, reason, hint = (_clip(error.field, MAX_FIELD_CHARS), _clip(error.reason, MAX_TEXT_CHARS),
+                           _clip(error.hint, MAX_TEXT_CHARS))
+    detail = common_pb2.ErrorDetail(error_type=error.error_type, field=field, reason=reason,
+                                    retryable=error.retryable, hint=hint)
     details = [_pack(detail)]
-    if error.field and code == grpc.StatusCode.INVALID_ARGUMENT:
+    if field and code == grpc.StatusCode.INVALID_ARGUMENT:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=error.field, description=error.reason)])))
-    message = f"{error.field}: {error.reason}" if error.field else error.reason
-    if error.hint:
-        message += f" ({error.hint})"
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=reason)])))
+    message = f"{field}: {reason}" if field else reason
+    if hint:
+        message += f" ({hint})"
     status = status_pb2.Status(code=code.value[0], message=message, details=details)
     return code, message, (("grpc-status-details-bin", status.SerializeToString()),)
 

@@ -65,8 +65,14 @@ def test_a_busy_metrics_port_names_the_setting(redis_url: str, database_url: str
 
 
 def test_run_with_an_unreachable_configured_redis_stops_before_starting_services(database_url: str, tmp_path) -> None:
-    result = mnemesh("run", REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0", DATABASE_URL=database_url,
+    result = mnemesh("run", "--dev", REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0", DATABASE_URL=database_url,
                      MNEMESH_DATA_DIR=str(tmp_path))
     assert result.returncode == 1
     assert "cannot start the mesh: cannot reach Redis" in result.stderr and "REDIS_URL" in result.stderr
     assert "starting memory-writer" not in result.stdout
+
+
+def test_run_refuses_the_published_secret_unless_in_development_mode(tmp_path) -> None:
+    result = mnemesh("run", MNEMESH_DATA_DIR=str(tmp_path))
+    assert result.returncode == 2
+    assert "MNEMESH_JWT_SECRET" in result.stderr and "mnemesh run --dev" in result.stderr

@@ -118,3 +118,27 @@ def test_rs256_without_a_key_source_is_a_configuration_error() -> None:
 def test_a_scope_is_granted_by_itself_by_its_service_wildcard_or_by_star(granted: set[str], asked: str,
                                                                           allowed: bool) -> None:
     assert Principal("agent-7", "acme", frozenset(granted)).has_scope(asked) is allowed
+
+
+# --- safer defaults ------------------------------------------------------------------------------------------
+
+
+def test_the_published_default_secret_is_refused_outside_development_mode() -> None:
+    with pytest.raises(ValueError, match="MNEMESH_DEV_MODE"):
+        TokenVerifier(load_settings())
+    with pytest.raises(ValueError, match="published"):
+        TokenVerifier(load_settings(jwt_secret="change-me-placeholder-dev-only-0123456789abcdef"))
+    assert TokenVerifier(load_settings(dev_mode=True)).algorithm == "HS256"
+
+
+def test_clock_skew_within_the_leeway_is_tolerated_and_beyond_it_refused(settings: Settings) -> None:
+    now = int(time.time())
+    verifier = TokenVerifier(settings)  # 30 s by default
+    for skewed in ({"exp": now - 10}, {"nbf": now + 10}, {"iat": now + 10}):
+        verifier.verify(jwt.encode(claims(settings, **skewed), SECRET, algorithm="HS256"))
+    assert "expired" in refused(settings, jwt.encode(claims(settings, exp=now - 60), SECRET, algorithm="HS256")).reason
+    for future in ({"nbf": now + 60}, {"iat": now + 60}):
+        assert "not valid yet" in refused(settings, jwt.encode(claims(settings, **future), SECRET,
+                                                               algorithm="HS256")).reason
+    strict = load_settings(jwt_secret=SECRET, jwt_leeway_seconds=0)
+    assert "expired" in refused(strict, jwt.encode(claims(strict, exp=now - 10), SECRET, algorithm="HS256")).reason

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fakes import FakeUnitOfWork, MemoryDatabase
 
-from libs.errors import Conflict, NotFound, ValidationFailed
+from libs.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from services.memory_writer.domain import (
     Confidence,
     Layer,
@@ -50,6 +50,11 @@ def db() -> MemoryDatabase:
     ({"layer": 99}, "layer"),
     ({"source": 42}, "source"),
     ({"content": " \n\t "}, "content"),
+    ({"content": "\u200b\ufeff\u200b \u2060"}, "content"),
+    ({"content": "x" * 15_000}, "content"),
+    ({"content": "hello\x00world"}, "content"),
+    ({"tenant_id": "evil tenant/.."}, "tenant.tenant_id"),
+    ({"user_id": "\u200b"}, "tenant.user_id"),
     ({"content": "x" * 16_001}, "content"),
     ({"layer": Layer.STEP}, "step_id"),
     ({"layer": Layer.ENTITY}, "key"),
@@ -193,7 +198,7 @@ async def test_forgetting_one_memory_deletes_it_and_records_memory_forgotten(db)
     drop = await write_memory(a_write(content="drop me"), FakeUnitOfWork(db))
     uow = FakeUnitOfWork(db)
 
-    assert await forget(ForgetMemory("acme", "u1", drop.memory_id), uow) == 1
+    assert await forget(ForgetMemory("acme", "u1", drop.memory_id, requested_by="u1"), uow) == 1
 
     assert uow.committed
     assert uow.events == [(f"memory-{drop.memory_id}",
@@ -209,7 +214,7 @@ async def test_forgetting_all_of_a_user_deletes_only_that_users_memories(db) -> 
     other_tenant = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
     uow = FakeUnitOfWork(db)
 
-    assert await forget(ForgetMemory("acme", "u1"), uow) == 3
+    assert await forget(ForgetMemory("acme", "u1", requested_by="u1"), uow) == 3
 
     [(stream, event)] = uow.events
     assert stream == "memory-user-acme-u1"
@@ -237,7 +242,7 @@ async def test_forgetting_all_of_a_user_records_only_the_ids_actually_deleted(db
     left = (await write_memory(a_write(content="still here"), FakeUnitOfWork(db))).memory_id
     uow = RacingUnitOfWork(db, vanished=gone)
 
-    assert await forget(ForgetMemory("acme", "u1"), uow) == 1
+    assert await forget(ForgetMemory("acme", "u1", requested_by="u1"), uow) == 1
 
     [(_, event)] = uow.events
     assert event.memory_ids == (left,)
@@ -246,14 +251,14 @@ async def test_forgetting_all_of_a_user_records_only_the_ids_actually_deleted(db
 async def test_forgetting_a_memory_of_another_tenant_deletes_nothing_and_records_nothing(db) -> None:
     theirs = await write_memory(a_write(tenant_id="globex"), FakeUnitOfWork(db))
     uow = FakeUnitOfWork(db)
-    assert await forget(ForgetMemory("acme", "u1", theirs.memory_id), uow) == 0
+    assert await forget(ForgetMemory("acme", "u1", theirs.memory_id, requested_by="u1"), uow) == 0
     assert uow.events == []
     assert theirs.memory_id in db.rows
 
 
 async def test_forgetting_a_user_with_no_memories_records_nothing(db) -> None:
     uow = FakeUnitOfWork(db)
-    assert await forget(ForgetMemory("acme", "nobody"), uow) == 0
+    assert await forget(ForgetMemory("acme", "nobody", requested_by="nobody"), uow) == 0
     assert uow.events == [] and db.published == []
 
 
@@ -279,6 +284,18 @@ async def test_forget_without_an_id_or_user_forgets_the_callers_memories(db: Mem
     async with FakeUnitOfWork(db) as uow:
         assert await uow.get("acme", mine.memory_id) is None
         assert await uow.get("acme", theirs.memory_id) is not None
+
+
+async def test_forgetting_another_users_memories_needs_the_admin_scope(db: MemoryDatabase) -> None:
+    theirs = await write_memory(a_write(user_id="u2"), FakeUnitOfWork(db))
+    for cmd in (ForgetMemory("acme", "u2", requested_by="u1"),
+                ForgetMemory("acme", "", theirs.memory_id, requested_by="u1")):
+        with pytest.raises(PermissionDenied) as err:
+            await forget(cmd, FakeUnitOfWork(db))
+        assert "memory:admin" in err.value.reason
+    assert theirs.memory_id in db.rows
+    assert await forget(ForgetMemory("acme", "", theirs.memory_id, requested_by="ops", admin=True),
+                        FakeUnitOfWork(db)) == 1
 
 
 async def test_forget_with_nobody_to_forget_is_refused(db: MemoryDatabase) -> None:

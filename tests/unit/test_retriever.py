@@ -59,6 +59,9 @@ def test_text_with_no_words_has_no_terms() -> None:
     ({"text": "?! ..."}, "query"),
     ({"limit": -1}, "limit"),
     ({"limit": 101}, "limit"),
+    ({"text": "\u200b\ufeff"}, "query"),
+    ({"layers": (5, 99)}, "layers[1]"),
+    ({"min_confidence": 99}, "min_confidence"),
 ])
 def test_a_bad_query_is_refused_naming_the_field(changes: dict, bad_field: str) -> None:
     query = SearchQuery(**{"tenant_id": "acme", "user_id": "u1", "text": "phone", **changes})

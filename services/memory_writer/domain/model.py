@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 
 from libs.errors import ValidationFailed
+from libs.validation import check_content, check_tenant_id, visible
 
 __all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "WriteMemory", "WriteResult", "new_memory"]
 
@@ -106,18 +107,13 @@ def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
 def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
     """Validate `cmd` and build the record; ValidationFailed names the first bad field."""
     now = now or datetime.now(UTC)
-    if not cmd.tenant_id.strip():
-        raise ValidationFailed("is required", field="tenant.tenant_id", hint="say whose memory this is")
-    if not cmd.user_id.strip():
+    check_tenant_id(cmd.tenant_id, "tenant.tenant_id")
+    if not visible(cmd.user_id):
         raise ValidationFailed("is required", field="tenant.user_id", hint="say which user the memory belongs to")
     layer = _enum(Layer, cmd.layer, "layer")
     source = _enum(Source, cmd.source, "source")
-    content = cmd.content.strip()
-    if not content:
-        raise ValidationFailed("must not be empty", field="content", hint="send the text to remember")
-    if len(content) > MAX_CONTENT_CHARS:
-        raise ValidationFailed(f"is {len(content)} characters; the limit is {MAX_CONTENT_CHARS}", field="content",
-                               hint="split it, or store it as a step result and reference it")
+    # The same rule on gRPC and on the stream: visible text, no NUL, no word the index cannot hold.
+    content = check_content(cmd.content, "content", MAX_CONTENT_CHARS).strip()
     if layer is Layer.STEP and not cmd.step_id:
         raise ValidationFailed("is required for the step layer", field="step_id",
                                hint="give each tool result its unique step_id")

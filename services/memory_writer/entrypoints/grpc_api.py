@@ -30,7 +30,8 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     async def Forget(self, request, context):
         principal = current_principal.get()
         cmd = handlers.ForgetMemory(request.tenant.tenant_id, request.tenant.user_id, request.memory_id,
-                                    requested_by=principal.subject if principal else "")
+                                    requested_by=principal.subject if principal else "",
+                                    admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
         return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
 
 

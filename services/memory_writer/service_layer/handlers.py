@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from libs.errors import NotFound, ValidationFailed
+from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import (
     MemoryForgotten,
@@ -16,7 +16,7 @@ from services.memory_writer.domain import (
 )
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
+__all__ = ["ADMIN_SCOPE", "ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
 
 
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "") -> WriteResult:
@@ -54,22 +54,43 @@ async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> MemoryRecord:
     return record
 
 
+ADMIN_SCOPE = "memory:admin"
+
+
 @dataclass(frozen=True)
 class ForgetMemory:
     tenant_id: str
     user_id: str
     memory_id: str = ""
     requested_by: str = ""  # the caller; whose memories go when neither id nor user is named
+    admin: bool = False  # the caller holds memory:admin, so may forget other users' memories
+
+
+def _may_forget(cmd: ForgetMemory, owner: str) -> None:
+    if owner != cmd.requested_by and not cmd.admin:
+        raise PermissionDenied("forgetting another user's memories needs the scope 'memory:admin'",
+                               field="memory_id" if cmd.memory_id else "tenant.user_id",
+                               hint="forget your own memories, or ask for a token with scope memory:admin")
 
 
 async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
-    """Forget one memory, or every memory of a user (the caller's, when no user is named)."""
+    """Forget one memory, or every memory of a user (the caller's, when no user is named).
+
+    Callers forget their own memories; other users' need the admin scope (the right to be forgotten
+    is exercised by the user, or by an operator on their behalf).
+    """
     user_id = cmd.user_id or cmd.requested_by
     if not cmd.memory_id and not user_id:
         raise ValidationFailed("is required when memory_id is empty", field="tenant.user_id",
                                hint="name the memory, or the user whose memories to forget")
     cmd = replace(cmd, user_id=user_id)
+    if not cmd.memory_id:
+        _may_forget(cmd, cmd.user_id)
     async with uow:
+        if cmd.memory_id:
+            record = await uow.get(cmd.tenant_id, cmd.memory_id)
+            if record is not None:
+                _may_forget(cmd, record.user_id)
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)
         if removed:

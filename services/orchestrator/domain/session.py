@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from libs.errors import ValidationFailed
+from libs.validation import check_text, visible
 
 __all__ = ["MessageAppended", "Session", "SessionEvent", "State", "StateChanged", "Versioned"]
 
@@ -75,11 +76,10 @@ class Session:
 
     def send(self, user_id: str, device_id: str, text: str, event_id: str = "") -> list[SessionEvent]:
         """The events of a user message arriving from a device (the state machine grows from here)."""
-        text = text.strip()
-        if not text:
-            raise ValidationFailed("must not be empty", field="text", hint="send what the user said")
-        if len(text) > MAX_TEXT_CHARS:
-            raise ValidationFailed(f"is {len(text)} characters; the limit is {MAX_TEXT_CHARS}", field="text")
+        text = check_text(text, "text", MAX_TEXT_CHARS).strip()
+        if not visible(text):
+            raise ValidationFailed("must not be empty (it has no visible characters)", field="text",
+                                   hint="send what the user said")
         if not device_id:
             raise ValidationFailed("is required", field="device_id", hint="name the device, e.g. web-1")
         return [MessageAppended(user_id=user_id, device_id=device_id, role="user", text=text, event_id=event_id)]

@@ -9,13 +9,13 @@ idempotency key is recognised and not applied twice.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from libs.errors import Conflict, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.validation import check_session_id, check_tenant_id
 from services.orchestrator.domain import Session, Versioned
 from services.orchestrator.service_layer.ports import SessionRepository
 
@@ -33,15 +33,9 @@ class SendMessage:
     idempotency_key: str = ""
 
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-
-
 def _check_ids(tenant_id: str, session_id: str) -> None:
-    if not tenant_id:
-        raise ValidationFailed("is required", field="tenant.tenant_id")
-    if not _SESSION_ID.fullmatch(session_id):
-        raise ValidationFailed("must be 1-128 letters, digits, '_', '.', ':' or '-'", field="session_id",
-                               hint="e.g. a UUID")
+    check_tenant_id(tenant_id, "tenant.tenant_id")
+    check_session_id(session_id, "session_id")
 
 
 async def send_message(cmd: SendMessage, sessions: SessionRepository, attempts: int = 3) -> Session:

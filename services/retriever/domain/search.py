@@ -8,12 +8,15 @@ from datetime import datetime
 
 from libs.errors import ValidationFailed
 from libs.text import tokenize
+from libs.validation import visible
 
 __all__ = ["Document", "Hit", "SearchQuery", "rank"]
 
 MAX_LIMIT = 100
 RECENCY_HALF_LIFE_DAYS = 30.0
 L2_MEDIUM = 2
+LAYERS = range(1, 7)  # mnemesh.v1.MemoryLayer SESSION..PROCEDURAL
+CONFIDENCES = range(4)  # mnemesh.v1.Confidence: 0 any, 1 strong .. 3 weak
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,15 @@ class SearchQuery:
     def validated(self) -> SearchQuery:
         if not self.tenant_id:
             raise ValidationFailed("is required", field="tenant.tenant_id")
-        if not self.text.strip():
+        if not visible(self.text):
             raise ValidationFailed("must not be empty", field="query", hint="say what to look for")
+        for i, layer in enumerate(self.layers):
+            if layer not in LAYERS:
+                raise ValidationFailed(f"is {layer}, which is not a MemoryLayer", field=f"layers[{i}]",
+                                       hint="use MEMORY_LAYER_SESSION (1) to MEMORY_LAYER_PROCEDURAL (6)")
+        if self.min_confidence not in CONFIDENCES:
+            raise ValidationFailed(f"is {self.min_confidence}, which is not a Confidence", field="min_confidence",
+                                   hint="use CONFIDENCE_L1_STRONG (1) to CONFIDENCE_L3_WEAK (3), or leave it unset")
         if not 0 <= self.limit <= MAX_LIMIT:
             raise ValidationFailed(f"must be between 1 and {MAX_LIMIT} (0 means 10)", field="limit")
         terms = tuple(dict.fromkeys(tokenize(self.text)))

@@ -1,0 +1,168 @@
+"""The edge check of a whole protobuf request: every field has a limit, and every value obeys it.
+
+`check_message` walks the fields a request sets (nested messages, repeated fields, Struct
+trees) and applies the shared rules: text without NUL or lone surrogates and within its
+length, identifiers and tenants by format, known enum values, finite numbers, timestamps in
+range, Struct values bounded in size and depth. The limits of each field live in `LIMITS`,
+one table; the README's section 'Input limits' and the protos' comments state the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from libs.errors import ValidationFailed
+from libs.validation._rules import (
+    check_content,
+    check_finite,
+    check_identifier,
+    check_session_id,
+    check_tenant_id,
+    check_text,
+    check_timestamp,
+    check_uuid,
+    quote,
+)
+
+__all__ = ["LIMITS", "Limit", "check_message"]
+
+MAX_STRUCT_DEPTH = 20
+MAX_STRUCT_KEY_CHARS = 256
+_DEFAULT_TEXT_CHARS = 1_024
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How one field is checked. `chars` applies to each string (each item of a repeated field)."""
+
+    kind: str  # text | content | identifier | tenant | session | uuid | struct | repeated enum
+    chars: int = 0
+    items: int = 0  # repeated fields: how many items at most
+    bytes: int = 0  # Struct fields: serialized size at most
+
+
+def _text(chars: int, items: int = 0) -> Limit:
+    return Limit("text", chars, items)
+
+
+def _ident(chars: int, items: int = 0) -> Limit:
+    return Limit("identifier", chars, items)
+
+
+def _struct(size: int, items: int = 0) -> Limit:
+    return Limit("struct", items=items, bytes=size)
+
+
+_TENANT = {"tenant": Limit("message")}
+_KB = 1024
+
+LIMITS: dict[str, dict[str, Limit]] = {
+    "mnemesh.v1.TenantContext": {"tenant_id": Limit("tenant", 64), "user_id": _ident(128),
+                                 "session_id": Limit("session", 128)},
+    "mnemesh.v1.WriteMemoryRequest": {
+        **_TENANT, "content": Limit("content", 16_000), "key": _ident(128), "tags": _ident(64, items=32),
+        "derived_from": _ident(128, items=64), "step_id": _ident(128), "idempotency_key": _ident(128),
+        "attributes": _struct(16 * _KB)},
+    "mnemesh.v1.GetMemoryRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
+    "mnemesh.v1.ForgetRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
+    "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),
+                                 "tags": _ident(64, items=32)},
+    "mnemesh.v1.SendRequest": {**_TENANT, "session_id": Limit("session", 128), "device_id": _ident(64),
+                               "text": _text(8_000), "idempotency_key": _ident(128)},
+    "mnemesh.v1.SubscribeRequest": {**_TENANT, "session_id": Limit("session", 128)},
+    "mnemesh.v1.GetSessionRequest": {**_TENANT, "session_id": Limit("session", 128)},
+    "mnemesh.v1.RegisterToolRequest": {"tool": Limit("message")},
+    "mnemesh.v1.ToolSpec": {
+        "name": _ident(128), "description": _text(4_000), "input_schema": _struct(64 * _KB),
+        "output_schema": _struct(64 * _KB), "version": _ident(32), "scopes": _ident(64, items=16),
+        "fallback": _ident(128, items=8), "requires": _ident(128, items=16),
+        "examples": _struct(16 * _KB, items=16), "backend": _ident(512)},
+    "mnemesh.v1.ListToolsRequest": {**_TENANT},
+    "mnemesh.v1.CallToolRequest": {**_TENANT, "name": _ident(128), "arguments": _struct(256 * _KB),
+                                   "version": _ident(32), "chain_id": _ident(128)},
+    "mnemesh.v1.ListBackendsRequest": {},
+    "mnemesh.v1.InvokeRequest": {"backend_id": _ident(64), "operation": _ident(128),
+                                 "arguments": _struct(256 * _KB)},
+}
+
+_STRING_RULES: dict[str, Callable[[str, str, int], object]] = {
+    "text": check_text, "content": check_content, "identifier": check_identifier,
+    "tenant": lambda v, f, n: check_tenant_id(v, f), "session": lambda v, f, n: check_session_id(v, f),
+    "uuid": lambda v, f, n: check_uuid(v, f),
+}
+
+
+def check_message(message: Message, prefix: str = "") -> None:
+    """Raise ValidationFailed naming the first field of `message` that breaks its limit."""
+    limits = LIMITS.get(message.DESCRIPTOR.full_name, {})
+    for fd, value in message.ListFields():
+        path = f"{prefix}{fd.name}"
+        limit = limits.get(fd.name)
+        if fd.is_repeated:
+            most = limit.items if limit and limit.items else 1_000
+            if len(value) > most:
+                raise ValidationFailed(f"has {len(value)} items; the limit is {most}", field=path,
+                                       hint="send fewer; the README's section 'Input limits' lists every limit")
+            for i, item in enumerate(value):
+                _check_value(fd, item, f"{path}[{i}]", limit)
+        else:
+            _check_value(fd, value, path, limit)
+
+
+def _check_value(fd: FieldDescriptor, value, path: str, limit: Limit | None) -> None:
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        kind, chars = (limit.kind, limit.chars) if limit else ("text", _DEFAULT_TEXT_CHARS)
+        if value:
+            if len(value) > max(chars, 1):
+                raise ValidationFailed(f"is {len(value)} characters; the limit is {chars}", field=path,
+                                       hint="send less; the README's section 'Input limits' lists every limit")
+            _STRING_RULES[kind](value, path, chars)
+    elif fd.type == FieldDescriptor.TYPE_ENUM:
+        if fd.enum_type.values_by_number.get(value) is None:
+            names = ", ".join(v.name for v in fd.enum_type.values)
+            raise ValidationFailed(f"is {value}, which is not a {fd.enum_type.name}", field=path,
+                                   hint=f"use one of {names}")
+    elif fd.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        check_finite(value, path)
+    elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+        if isinstance(value, timestamp_pb2.Timestamp):
+            check_timestamp(value.seconds, value.nanos, path)
+        elif isinstance(value, struct_pb2.Struct):
+            size = limit.bytes if limit and limit.bytes else 16 * _KB
+            if value.ByteSize() > size:
+                raise ValidationFailed(f"is {value.ByteSize()} bytes encoded; the limit is {size}", field=path,
+                                       hint="send a smaller object")
+            _check_struct(value, path, 1)
+        else:
+            check_message(value, f"{path}.")
+
+
+def _check_struct(struct: struct_pb2.Struct, path: str, depth: int) -> None:
+    if depth > MAX_STRUCT_DEPTH:
+        raise ValidationFailed(f"nests deeper than {MAX_STRUCT_DEPTH} levels", field=path,
+                               hint="flatten the object")
+    for key, value in struct.fields.items():
+        where = f"{path}[{quote(key, 24)}]"
+        check_text(key, f"{path} key {quote(key, 24)}", MAX_STRUCT_KEY_CHARS)
+        _check_json_value(value, where, depth)
+
+
+def _check_json_value(value: struct_pb2.Value, path: str, depth: int) -> None:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        check_text(value.string_value, path, 1 << 20)  # the Struct's size limit bounds it already
+    elif kind == "number_value":
+        check_finite(value.number_value, path)
+    elif kind == "struct_value":
+        _check_struct(value.struct_value, path, depth + 1)
+    elif kind == "list_value":
+        if depth + 1 > MAX_STRUCT_DEPTH:
+            raise ValidationFailed(f"nests deeper than {MAX_STRUCT_DEPTH} levels", field=path,
+                                   hint="flatten the object")
+        for i, item in enumerate(value.list_value.values):
+            _check_json_value(item, f"{path}[{i}]", depth + 1)

@@ -1,0 +1,158 @@
+"""The shared input rules (libs/validation): one rule per kind of field, applied to whole requests."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import descriptor_pool, struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libs.errors import ValidationFailed
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, sessions_pb2, tools_pb2
+from libs.validation import (
+    LIMITS,
+    check_content,
+    check_message,
+    check_tenant_id,
+    check_text,
+    check_uuid,
+    quote,
+    visible,
+)
+
+REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,
+            memory_pb2.SearchRequest, sessions_pb2.SendRequest, sessions_pb2.SubscribeRequest,
+            sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,
+            tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest]
+_WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Struct")
+
+
+def _messages_reachable(descriptor, seen: set[str]) -> None:
+    if descriptor.full_name in seen or descriptor.full_name in _WELL_KNOWN:
+        return
+    seen.add(descriptor.full_name)
+    for fd in descriptor.fields:
+        if fd.message_type is not None:
+            _messages_reachable(fd.message_type, seen)
+
+
+def test_every_request_of_every_service_is_a_listed_request() -> None:
+    inputs = {method.input_type.full_name for module in (memory_pb2, sessions_pb2, tools_pb2)
+              for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods}
+    assert inputs == {r.DESCRIPTOR.full_name for r in REQUESTS}
+
+
+def test_every_string_repeated_and_object_field_a_request_can_carry_has_a_stated_limit() -> None:
+    seen: set[str] = set()
+    for request in REQUESTS:
+        _messages_reachable(request.DESCRIPTOR, seen)
+    missing = []
+    for name in sorted(seen):
+        descriptor = descriptor_pool.Default().FindMessageTypeByName(name)
+        for fd in descriptor.fields:
+            needs = (fd.type == FieldDescriptor.TYPE_STRING or fd.is_repeated
+                     or (fd.message_type is not None and fd.message_type.full_name == "google.protobuf.Struct"))
+            if needs and fd.name not in LIMITS.get(name, {}):
+                missing.append(f"{name}.{fd.name}")
+    assert missing == []
+
+
+def test_quoting_escapes_and_cuts_what_was_sent() -> None:
+    assert quote("a\x00b") == "'a\\x00b'"
+    long = quote("x" * 9_000)
+    assert len(long) < 80 and "9000 characters" in long
+
+
+@given(st.text(max_size=3_000))
+@settings(max_examples=200, deadline=None)
+def test_any_text_is_accepted_or_refused_naming_the_field_with_a_bounded_reason(value: str) -> None:
+    try:
+        check_content(value, "content", 2_000)
+    except ValidationFailed as exc:
+        assert exc.field == "content" and len(exc.reason) < 200
+    else:
+        assert "\x00" not in value and visible(value) and len(value) <= 2_000
+
+
+@pytest.mark.parametrize("value", ["", "\u200b", "\ufeff\u200b\u2060", " \u3164 ", "\u00a0\u2028"])
+def test_text_that_shows_nothing_is_empty(value: str) -> None:
+    with pytest.raises(ValidationFailed, match="must not be empty"):
+        check_content(value, "content", 100)
+
+
+def test_a_word_too_long_to_index_is_refused_and_normal_text_is_not() -> None:
+    with pytest.raises(ValidationFailed, match="word of 15000 characters"):
+        check_content("x" * 15_000, "content", 16_000)
+    assert check_content("Zhang San lives in 上海市浦东新区" * 100, "content", 16_000)
+
+
+@pytest.mark.parametrize("value", ["evil tenant/..", "a" * 65, "t\x00", "ténant"])
+def test_the_tenant_rule_refuses_what_no_token_can_hold(value: str) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        check_tenant_id(value, "tenant_id")
+    assert err.value.field == "tenant_id" and len(err.value.reason) < 150
+
+
+def test_ids_must_be_uuids_and_come_back_canonical() -> None:
+    assert check_uuid("0B6F2C1E-4A53-4C1E-9A51-6AD3C3F1B2AA", "memory_id") == "0b6f2c1e-4a53-4c1e-9a51-6ad3c3f1b2aa"
+    with pytest.raises(ValidationFailed) as err:
+        check_uuid("z" * 9_000, "memory_id")
+    assert err.value.field == "memory_id" and len(err.value.reason) < 120
+
+
+def test_nul_and_lone_surrogates_are_refused_in_text() -> None:
+    for value in ("a\x00b", "a\ud800b"):
+        with pytest.raises(ValidationFailed):
+            check_text(value, "key", 100)
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (memory_pb2.WriteMemoryRequest(key="k\x00"), "key"),
+    (memory_pb2.WriteMemoryRequest(tags=["ok", "t\x00"]), "tags[1]"),
+    (memory_pb2.WriteMemoryRequest(tenant=common_pb2.TenantContext(user_id="u" * 129)), "tenant.user_id"),
+    (memory_pb2.WriteMemoryRequest(idempotency_key="k" * 10_000), "idempotency_key"),
+    (memory_pb2.WriteMemoryRequest(layer=99), "layer"),
+    (memory_pb2.WriteMemoryRequest(content="\u200b"), "content"),
+    (memory_pb2.GetMemoryRequest(memory_id="1" * 9_000), "memory_id"),
+    (memory_pb2.SearchRequest(layers=[1, 99]), "layers[1]"),
+    (memory_pb2.SearchRequest(min_confidence=99), "min_confidence"),
+    (tools_pb2.CallToolRequest(deadline_seconds=float("nan")), "deadline_seconds"),
+    (sessions_pb2.SendRequest(session_id="../x"), "session_id"),
+])
+def test_a_request_breaking_a_rule_is_refused_naming_its_field(request_, field: str) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        check_message(request_)
+    assert err.value.field == field
+
+
+def test_timestamps_out_of_range_are_refused() -> None:
+    for seconds, nanos in ((2**62, 0), (0, -1), (-(2**40), 0)):
+        request = memory_pb2.SearchRequest()
+        request.since.seconds, request.since.nanos = seconds, nanos
+        with pytest.raises(ValidationFailed) as err:
+            check_message(request)
+        assert err.value.field == "since"
+
+
+def test_objects_are_bounded_in_depth_and_hold_no_nul_or_nan() -> None:
+    deep: dict = {}
+    node = deep
+    for _ in range(30):
+        node["a"] = {}
+        node = node["a"]
+    for value, expected in ((deep, "nests deeper"), ({"k": "v\x00"}, "NUL"), ({"k\x00": 1}, "NUL"),
+                            ({"n": float("inf")}, "finite")):
+        attributes = struct_pb2.Struct()
+        attributes.update(value)
+        with pytest.raises(ValidationFailed, match=expected) as err:
+            check_message(memory_pb2.WriteMemoryRequest(attributes=attributes))
+        assert err.value.field.startswith("attributes")
+
+
+def test_a_good_request_passes() -> None:
+    attributes = struct_pb2.Struct()
+    attributes.update({"city": "上海", "n": 3, "list": [1, "a", {"b": None}]})
+    check_message(memory_pb2.WriteMemoryRequest(
+        tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u1", session_id="s-1"), content="likes tea",
+        key="user.drink", tags=["prefs"], attributes=attributes, layer=5, source=2))

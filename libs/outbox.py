@@ -116,16 +116,18 @@ class OutboxRelay:
                                     " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
         published: list[int] = []
         failed: list[tuple[int, dict]] = []
+        ready: list[tuple[int, Envelope, str]] = []
+        for row_id, stream, fields in rows:
+            try:
+                ready.append((row_id, Envelope.from_fields(fields), stream))
+            except MalformedEvent as exc:
+                failed.append((row_id, exc.to_dict()))
+                await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
         try:
-            for row_id, stream, fields in rows:
-                try:
-                    envelope = Envelope.from_fields(fields)
-                except MalformedEvent as exc:
-                    await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
-                    failed.append((row_id, exc.to_dict()))
-                    continue
-                await self.bus.publish(envelope, stream=stream, fence=(self.fence_key, self.term))
-                published.append(row_id)
+            sent = await self.bus.publish_fenced_batch([(e, s) for _, e, s in ready], (self.fence_key, self.term))
+            published = [row_id for row_id, _, _ in ready[:sent]]
+            if sent < len(ready):
+                raise Fenced(f"term {self.term} was fenced after {sent} of {len(ready)} events")
         except Fenced:
             log.warning("outbox relay was deposed; another leads now", schema=self.outbox.db.schema, term=self.term)
             await self.resign()

@@ -14,7 +14,7 @@ import asyncpg
 
 from libs.bench import Case, report, run_case
 from libs.config import Settings
-from libs.db import Database, apply_migrations, load_migrations
+from libs.db import APP_ROLE, Database, apply_migrations, load_migrations
 from libs.events import Envelope
 from libs.events.bus import EventBus
 from libs.eventstore import EventStore
@@ -32,12 +32,16 @@ def _envelope(i: int) -> Envelope:
 async def bench_eventstore(settings: Settings, repetitions: int, warmup: int) -> list[dict]:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     await apply_migrations(settings.database_url, schema, load_migrations())
+    owner = await asyncpg.connect(settings.database_url)
+    try:  # the baseline: the same columns, no version check, no notify, no row-level security
+        await owner.execute(f'CREATE TABLE "{schema}".plain_events (LIKE "{schema}".events INCLUDING DEFAULTS'
+                            f' INCLUDING IDENTITY); GRANT INSERT ON "{schema}".plain_events TO {APP_ROLE}')
+    finally:
+        await owner.close()
     db = Database(settings.database_url, schema, max_size=2)
     await db.open()
     store = EventStore(db)
     try:
-        async with db.system_transaction() as conn:
-            await conn.execute("CREATE TABLE plain_events (LIKE events INCLUDING DEFAULTS INCLUDING IDENTITY)")
 
         async def candidate(i: int) -> None:
             async with db.transaction("bench") as conn:

@@ -21,19 +21,23 @@ from libs.outbox import Outbox, OutboxRelay
 
 
 class DieAfterPublish(EventBus):
-    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
-        entry_id = await super().publish(envelope, stream, fence)
-        print(f"published {envelope.event_id}", flush=True)
+    async def publish_fenced_batch(self, items: list[tuple[Envelope, str]], fence) -> int:
+        await super().publish_fenced_batch(items[:1], fence)
+        print(f"published {items[0][0].event_id}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-        return entry_id
+        return 1
 
 
 class SlowPublisher(EventBus):
-    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
-        await asyncio.sleep(0.01)  # slow enough for a test to kill the leader part-way
-        entry_id = await super().publish(envelope, stream, fence)
-        print(f"published {envelope.event_id}", flush=True)
-        return entry_id
+    async def publish_fenced_batch(self, items: list[tuple[Envelope, str]], fence) -> int:
+        sent = 0
+        for item in items:  # one at a time, slowly: a test can kill the leader part-way through a batch
+            await asyncio.sleep(0.01)
+            if not await super().publish_fenced_batch([item], fence):
+                break
+            sent += 1
+            print(f"published {item[0].event_id}", flush=True)
+        return sent
 
 
 async def main(redis_url: str, database_url: str, schema: str, mode: str) -> None:

@@ -260,6 +260,36 @@ async def test_a_handler_whose_infrastructure_is_away_is_retried_past_max_delive
     assert done == [(sent.event_id, "c1")]
 
 
+async def test_a_permanent_database_error_is_dead_lettered_after_max_deliveries_not_retried_forever(
+    redis_url: str, effects_table: Database, streams: str
+) -> None:
+    """PostgreSQL's "index row requires 15016 bytes" (SQLSTATE 54000) will fail the same way every time."""
+    stream, group = f"{streams}.too_big", "g"
+    bus = EventBus(redis_url, consumer_name="c1", max_deliveries=3, min_idle_ms=100)
+    attempts = 0
+
+    async def handle(env: Envelope, conn) -> None:
+        nonlocal attempts
+        attempts += 1
+        error = asyncpg.ProgramLimitExceededError("index row requires 15016 bytes, maximum size is 8191")
+        error.sqlstate = "54000"
+        raise error
+
+    bus.subscribe(stream, group, idempotent(effects_table, group, handle))
+    await bus.start()
+    client = await bus.redis()
+    try:
+        sent = envelope("one enormous word")
+        await bus.publish(sent, stream=stream)
+        await wait_for(lambda: client.xlen(f"{stream}.dead"))
+        (_, dead), = await client.xrange(f"{stream}.dead")
+    finally:
+        await bus.stop()
+    assert attempts == 3
+    assert dead[b"original.event_id"].decode() == sent.event_id
+    assert "index row requires" in json.loads(dead[b"dead.reason"])["reason"]
+
+
 async def test_idle_consumers_that_hold_nothing_are_pruned_and_busy_ones_kept(redis_url: str, streams: str) -> None:
     stream, group = f"{streams}.consumers", "g"
     bus = EventBus(redis_url, consumer_name="current")

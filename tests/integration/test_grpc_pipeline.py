@@ -49,9 +49,14 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-async def address(settings: Settings) -> AsyncIterator[str]:
+def sessions() -> MemorySessions:
+    return MemorySessions()
+
+
+@pytest.fixture
+async def address(settings: Settings, sessions: MemorySessions) -> AsyncIterator[str]:
     port = free_port()
-    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(MemorySessions())], TokenVerifier(settings))
+    server = GrpcServer("127.0.0.1", port, [grpc_api.registration(sessions)], TokenVerifier(settings))
     await server.start()
     yield f"127.0.0.1:{port}"
     await server.stop(0)
@@ -108,10 +113,16 @@ async def test_a_request_naming_another_tenant_is_permission_denied(address: str
     assert error_detail(err).field == "tenant.tenant_id"
 
 
-async def test_a_valid_token_with_the_scope_is_served_under_its_tenant(address: str, settings: Settings) -> None:
+async def test_a_valid_token_with_the_scope_is_served_under_its_tenant(
+    address: str, settings: Settings, sessions: MemorySessions
+) -> None:
     token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["sessions:write"])
-    reply = await call(address, token)
+    reply = await call(address, token)  # the request names no tenant: the token's is stamped on it
     assert reply.version == 1 and reply.state == "IDLE"
+    assert list(sessions.events) == [("t1", "s1")]  # what the handler received, not just what it answered
+    other = issue_token(settings, subject="u9", tenant_id="t2", scopes=["sessions:write"])
+    await call(address, other)
+    assert sorted(sessions.events) == [("t1", "s1"), ("t2", "s1")]
 
 
 async def test_invalid_input_gets_invalid_argument_with_the_field_and_a_hint(address: str, settings: Settings) -> None:

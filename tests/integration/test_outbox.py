@@ -263,11 +263,11 @@ class HangingBus(EventBus):
         super().__init__(*args, **kwargs)
         self.hanging, self.release = asyncio.Event(), asyncio.Event()
 
-    async def publish(self, envelope: Envelope, stream: str | None = None, fence=None) -> str:
+    async def publish_fenced_batch(self, items: list[tuple[Envelope, str]], fence) -> int:
         if not self.hanging.is_set():
             self.hanging.set()
             await self.release.wait()
-        return await super().publish(envelope, stream, fence)
+        return await super().publish_fenced_batch(items, fence)
 
 
 async def test_a_deposed_leader_whose_publish_hung_cannot_publish_after_its_successor(

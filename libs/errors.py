@@ -40,6 +40,13 @@ class Conflict(DomainError):
     retryable = True
 
 
+class IdempotencyKeyReused(DomainError):
+    """A request under an idempotency key already used for a different request."""
+
+    error_type = "idempotency_key_reused"
+    retryable = False
+
+
 class Unauthenticated(DomainError):
     error_type = "unauthenticated"
 

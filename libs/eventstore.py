@@ -128,7 +128,7 @@ class EventStore:
             raise ValueError(f"expected_version must be {ANY_VERSION} (any) or a version >= 0, not {expected_version}")
         if expected_version == ANY_VERSION:
             # Serialise "append anywhere" writers of one stream; exact-version writers need no lock.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"stream:{stream_id}")
+            await self.lock_stream(conn, stream_id)
         metas = [{"correlation_id": e.correlation_id, "causation_id": e.causation_id, "traceparent": e.traceparent}
                  for e in envelopes]
         try:
@@ -151,6 +151,19 @@ class EventStore:
             raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
                            field="expected_version", hint="read the stream again and retry on the new version")
         return new_version
+
+    @staticmethod
+    async def lock_stream(conn: asyncpg.Connection, stream_id: str) -> None:
+        """Hold `stream_id`'s append lock until the caller's transaction ends: read, decide and append
+        with no other writer in between (the lock ANY_VERSION appends take)."""
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"stream:{stream_id}")
+
+    @staticmethod
+    async def read_stream_in(conn: asyncpg.Connection, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
+        """All of one stream's events after `after_version`, inside the caller's transaction."""
+        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND version > $2"
+                                " ORDER BY version", stream_id, after_version)
+        return [StoredEvent.from_row(r) for r in rows]
 
     async def read_stream(self, stream_id: str, after_version: int = 0, limit: int = 1000,
                           tenant_id: str | None = None) -> list[StoredEvent]:

@@ -16,6 +16,7 @@ keeps failing. Nothing kills the consumer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -163,12 +164,17 @@ class EventBus:
         if not items:
             return 0
         client = await self.redis()
-        with tracer().start_as_current_span("publish batch", kind=SpanKind.PRODUCER) as span:
-            span.set_attributes({"messaging.system": "redis", "messaging.batch.message_count": len(items)})
+        with contextlib.ExitStack() as spans:  # one span per event, in the trace of the change it announces
             pipe = client.pipeline(transaction=False)
             for envelope, stream in items:
+                target = self.stream_name(stream)
+                span = spans.enter_context(tracer().start_span(
+                    f"publish {target}", kind=SpanKind.PRODUCER, context=extract({"traceparent": envelope.traceparent})))
+                span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
+                                     "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id,
+                                     "messaging.batch.message_count": len(items)})
                 flat = [item for pair in envelope.to_fields().items() for item in pair]
-                pipe.eval(_FENCED_XADD, 2, self.stream_name(stream), fence[0], fence[1], *flat)
+                pipe.eval(_FENCED_XADD, 2, target, fence[0], fence[1], *flat)
             results = await pipe.execute(raise_on_error=False)
         sent = 0
         for (_, stream), result in zip(items, results, strict=True):

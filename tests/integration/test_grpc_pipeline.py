@@ -32,10 +32,11 @@ class MemorySessions:
     async def history(self, tenant_id, session_id):
         return list(self.events.get((tenant_id, session_id), []))
 
-    async def append(self, tenant_id, session_id, expected_version, events):
+    async def update(self, tenant_id, session_id, decide):
+        history = await self.history(tenant_id, session_id)
         items = self.events.setdefault((tenant_id, session_id), [])
-        items += [Versioned(len(items) + i + 1, e) for i, e in enumerate(events)]
-        return len(items)
+        items += [Versioned(len(history) + i + 1, e) for i, e in enumerate(decide(history))]
+        return list(items)
 
     async def follow(self, tenant_id, session_id, after_version):
         for item in self.events.get((tenant_id, session_id), []):

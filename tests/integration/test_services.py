@@ -196,3 +196,18 @@ async def test_concurrent_writes_with_one_idempotency_key_store_one_memory(mesh:
                                                     timeout=10) for _ in range(8)))
     assert len({r.memory_id for r in replies}) == 1
     assert sum(not r.duplicate for r in replies) == 1
+
+
+async def test_an_idempotency_key_reused_for_different_content_is_already_exists_not_a_duplicate(
+    mesh: Settings,
+) -> None:
+    async with channel(address(mesh, "memory-writer"), token(mesh)) as ch:
+        stub = memory_pb2_grpc.MemoryWriterStub(ch)
+        first = await stub.Write(write_request("booked seat 12A", idempotency_key="seat-2"), timeout=10)
+        retry = await stub.Write(write_request("booked seat 12A", idempotency_key="seat-2"), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as reused:
+            await stub.Write(write_request("booked seat 14C", idempotency_key="seat-2"), timeout=10)
+    assert retry.duplicate and retry.memory_id == first.memory_id
+    assert reused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    detail = error_detail(reused.value)
+    assert (detail.error_type, detail.field) == ("idempotency_key_reused", "idempotency_key")

@@ -188,9 +188,19 @@ class FakeSessionRepository:
         self.event_ids: set[str] = set()
         self.appends = 0
         self._changed = asyncio.Condition()
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
         return list(self.streams.get((tenant_id, session_id), []))
+
+    async def update(self, tenant_id: str, session_id: str, decide) -> list[Versioned]:
+        async with self._locks.setdefault((tenant_id, session_id), asyncio.Lock()):
+            history = await self.history(tenant_id, session_id)
+            await asyncio.sleep(0)  # let racing senders interleave up to the lock
+            events = decide(history)
+            if events:
+                await self.append(tenant_id, session_id, len(history), events)
+            return await self.history(tenant_id, session_id)
 
     async def append(self, tenant_id: str, session_id: str, expected_version: int,
                      events: list[SessionEvent]) -> int:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fakes import FakeUnitOfWork, MemoryDatabase
 
-from libs.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from libs.errors import Conflict, IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
 from services.memory_writer.domain import (
     Confidence,
     Layer,
@@ -132,11 +132,23 @@ async def test_a_write_stores_the_memory_and_records_memory_written_on_its_own_s
     assert db.published == [(f"memory-{result.memory_id}", MemoryWritten(stored))]
 
 
-async def test_a_later_write_with_the_same_idempotency_key_returns_the_first_memory(db) -> None:
+async def test_a_retry_with_the_same_idempotency_key_returns_the_first_memory(db) -> None:
     first = await write_memory(a_write(idempotency_key="k-1"), FakeUnitOfWork(db))
-    second = await write_memory(a_write(idempotency_key="k-1", content="something else"), FakeUnitOfWork(db))
+    second = await write_memory(a_write(idempotency_key="k-1"), FakeUnitOfWork(db))
 
     assert second.duplicate and second.memory_id == first.memory_id
+    assert list(db.rows) == [first.memory_id]
+    assert len(db.published) == 1
+
+
+@pytest.mark.parametrize("changes", [{"content": "something else"}, {"layer": Layer.ENTITY, "key": "user.drink"},
+                                     {"tags": ("diet",)}, {"user_id": "u2"}])
+async def test_a_different_write_under_a_used_idempotency_key_is_refused_not_dropped(db, changes) -> None:
+    first = await write_memory(a_write(idempotency_key="k-1"), FakeUnitOfWork(db))
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        await write_memory(a_write(idempotency_key="k-1", **changes), FakeUnitOfWork(db))
+
+    assert refused.value.field == "idempotency_key" and not refused.value.retryable
     assert list(db.rows) == [first.memory_id]
     assert db.rows[first.memory_id].content == "prefers tea over coffee"
     assert len(db.published) == 1

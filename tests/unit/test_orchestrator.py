@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -9,7 +11,7 @@ import anyio
 import pytest
 from fakes import FakeSessionRepository
 
-from libs.errors import Conflict, ValidationFailed
+from libs.errors import Conflict, IdempotencyKeyReused, ValidationFailed
 from services.orchestrator.domain import MessageAppended, Session, State, StateChanged, Versioned
 from services.orchestrator.service_layer.handlers import SendMessage, follow, get_session, send_message
 
@@ -90,6 +92,21 @@ async def test_the_same_idempotency_key_twice_is_applied_once(sessions) -> None:
     assert again.version == first.version == 1
     assert [m.text for m in again.messages] == ["hello"]
     assert len(await sessions.history("acme", "s1")) == 1
+
+
+async def test_a_different_message_under_a_used_idempotency_key_is_refused_not_dropped(sessions) -> None:
+    await send_message(a_send(idempotency_key="k-1"), sessions)
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        await send_message(a_send(idempotency_key="k-1", text="something else"), sessions)
+    assert refused.value.field == "idempotency_key"
+    assert [m.text for m in (await get_session("acme", "s1", sessions)).messages] == ["hello"]
+
+
+async def test_thirty_concurrent_senders_at_any_version_all_succeed(sessions) -> None:
+    results = await asyncio.gather(*(send_message(a_send(device_id=f"d{i}", text=f"m{i}"), sessions)
+                                     for i in range(30)))
+    assert sorted(r.version for r in results) == list(range(1, 31))
+    assert len((await get_session("acme", "s1", sessions)).messages) == 30
 
 
 async def test_a_device_catching_up_and_resending_with_the_same_key_is_not_applied_twice(sessions) -> None:

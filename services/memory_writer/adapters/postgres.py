@@ -19,8 +19,8 @@ __all__ = ["PostgresUnitOfWork"]
 
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
-    " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+    " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
@@ -32,7 +32,7 @@ def _record(row: asyncpg.Record) -> MemoryRecord:
         content=row["content"], key=row["key"], confidence=Confidence(row["confidence"]), tags=tuple(row["tags"]),
         derived_from=tuple(row["derived_from"]), step_id=row["step_id"], created_at=row["created_at"],
         expires_at=row["expires_at"], idempotency_key=row["idempotency_key"] or "", attributes=row["attributes"],
-        engagement=row["engagement"],
+        engagement=row["engagement"], request_hash=row["request_hash"] or "",
     )
 
 
@@ -96,7 +96,7 @@ class PostgresUnitOfWork:
             _INSERT, record.memory_id, record.tenant_id, record.user_id, record.session_id, int(record.layer),
             int(record.source), record.content, record.key, int(record.confidence), record.engagement,
             list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
-            record.expires_at, record.idempotency_key or None)
+            record.expires_at, record.idempotency_key or None, record.request_hash or None)
         return rowcount(status) == 1
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:

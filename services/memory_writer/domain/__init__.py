@@ -7,7 +7,8 @@ from services.memory_writer.domain.model import (
     WriteMemory,
     WriteResult,
     new_memory,
+    request_fingerprint,
 )
 
 __all__ = ["Confidence", "DomainEvent", "Layer", "MemoryForgotten", "MemoryRecord", "MemoryWritten", "Source",
-           "WriteMemory", "WriteResult", "new_memory"]
+           "WriteMemory", "WriteResult", "new_memory", "request_fingerprint"]

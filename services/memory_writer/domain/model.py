@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 
@@ -86,6 +88,7 @@ class MemoryRecord:
     idempotency_key: str
     attributes: dict
     engagement: float = 0.0
+    request_hash: str = ""  # the fingerprint of the write that created it (see request_fingerprint)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,14 @@ def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
         names = ", ".join(m.name for m in kind)
         raise ValidationFailed(f"must be one of {names}", field=field_name,
                                hint=f"set {field_name} to a known value") from None
+
+
+def request_fingerprint(cmd: WriteMemory) -> str:
+    """What makes two writes the same write: every field the caller chose, but the idempotency key."""
+    fields = {k: v for k, v in asdict(cmd).items() if k != "idempotency_key"}
+    fields["expires_at"] = cmd.expires_at.isoformat() if cmd.expires_at else None
+    canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=list)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
@@ -132,4 +143,5 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
         layer=layer, source=source, content=content, key=cmd.key, confidence=confidence, tags=tuple(cmd.tags),
         derived_from=tuple(cmd.derived_from), step_id=cmd.step_id, created_at=now, expires_at=expires_at,
         idempotency_key=cmd.idempotency_key, attributes=dict(cmd.attributes),
+        request_hash=request_fingerprint(cmd) if cmd.idempotency_key else "",
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from libs.errors import NotFound, PermissionDenied, ValidationFailed
+from libs.errors import IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import (
     MemoryForgotten,
@@ -31,12 +31,22 @@ async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str =
         if cmd.idempotency_key:
             existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
             if existing:
-                return WriteResult(existing.memory_id, duplicate=True, version=1)
+                return _retried(existing, record)
         if not await uow.add(record):  # a concurrent write with the same key got there first
             existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
-            return WriteResult(existing.memory_id, duplicate=True, version=1)
+            return _retried(existing, record)
         version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
     return WriteResult(record.memory_id, duplicate=False, version=version)
+
+
+def _retried(existing: MemoryRecord, record: MemoryRecord) -> WriteResult:
+    """The answer to a write whose idempotency key is taken: the first result for a true retry,
+    a refusal for a different write under the same key (never a silent drop of the new content)."""
+    if existing.request_hash and existing.request_hash != record.request_hash:
+        raise IdempotencyKeyReused(
+            "was already used for a different write", field="idempotency_key",
+            hint="use a new idempotency key for new content; reuse a key only to retry the same write")
+    return WriteResult(existing.memory_id, duplicate=True, version=1)
 
 
 @dataclass(frozen=True)

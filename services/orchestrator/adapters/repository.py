@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from libs.db import Database
@@ -62,14 +62,21 @@ class EventSourcedSessions:
             after = batch[-1].version
         return items
 
-    async def append(self, tenant_id: str, session_id: str, expected_version: int,
-                     events: list[SessionEvent]) -> int:
-        envelopes = [_envelope(tenant_id, session_id, e) for e in events]
+    async def update(self, tenant_id: str, session_id: str,
+                     decide: Callable[[list[Versioned]], list[SessionEvent]]) -> list[Versioned]:
+        stream = stream_id(tenant_id, session_id)
         async with self.db.transaction(tenant_id) as conn:
-            version = await self.store.append(conn, stream_id(tenant_id, session_id), expected_version, envelopes)
+            await self.store.lock_stream(conn, stream)
+            history = [_versioned(e) for e in await self.store.read_stream_in(conn, stream)]
+            events = decide(history)
+            if not events:
+                return history
+            envelopes = [_envelope(tenant_id, session_id, e) for e in events]
+            version = await self.store.append(conn, stream, len(history), envelopes)
             for envelope in envelopes:
                 await self.outbox.add(conn, envelope)
-        return version
+        first = version - len(events) + 1
+        return history + [Versioned(first + i, e) for i, e in enumerate(events)]
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
         async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version,

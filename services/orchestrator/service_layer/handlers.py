@@ -13,10 +13,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from libs.errors import Conflict, ValidationFailed
+from libs.errors import Conflict, IdempotencyKeyReused, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from libs.validation import check_session_id, check_tenant_id
-from services.orchestrator.domain import Session, Versioned
+from services.orchestrator.domain import MessageAppended, Session, SessionEvent, Versioned
 from services.orchestrator.service_layer.ports import SessionRepository
 
 __all__ = ["SendMessage", "follow", "get_session", "send_message"]
@@ -38,34 +38,39 @@ def _check_ids(tenant_id: str, session_id: str) -> None:
     check_session_id(session_id, "session_id")
 
 
-async def send_message(cmd: SendMessage, sessions: SessionRepository, attempts: int = 3) -> Session:
+async def send_message(cmd: SendMessage, sessions: SessionRepository) -> Session:
+    """Append a user message. -1 appends at whatever the session's version is; a version the device saw
+    must still be current. Sends to one session are serialised, so concurrent devices never fail."""
     _check_ids(cmd.tenant_id, cmd.session_id)
     if cmd.expected_version < ANY_VERSION:
         raise ValidationFailed("must be -1 (any) or the last version the device saw", field="expected_version")
     event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{cmd.tenant_id}/{cmd.session_id}/{cmd.idempotency_key}")) \
         if cmd.idempotency_key else str(uuid.uuid4())
-    for attempt in range(1, attempts + 1):
-        history = await sessions.history(cmd.tenant_id, cmd.session_id)
+
+    def decide(history: list[Versioned]) -> list[SessionEvent]:
         session = Session.replay(cmd.tenant_id, cmd.session_id, history)
-        if cmd.idempotency_key and any(item.event.event_id == event_id for item in history):
-            return session  # a retry of a send that was applied: answer as the first time
+        if cmd.idempotency_key:
+            first = next((item.event for item in history if item.event.event_id == event_id), None)
+            if first is not None:
+                _same_send(first, cmd)
+                return []  # a retry of a send that was applied: answer as the first time
         if cmd.expected_version not in (ANY_VERSION, session.version):
             raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
                            field="expected_version",
                            hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
-        events = session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
-        try:
-            session.version = await sessions.append(cmd.tenant_id, cmd.session_id, session.version, events)
-        except Conflict as exc:
-            # "Any version" sends may simply have raced another device: replay and try again.
-            retry = exc.field == "event_id" or (cmd.expected_version == ANY_VERSION and attempt < attempts)
-            if not retry:
-                raise
-            continue
-        for event in events:
-            session.apply(event)
-        return session
-    raise Conflict("the session kept moving while appending", field="expected_version", hint="send again")
+        return session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
+
+    history = await sessions.update(cmd.tenant_id, cmd.session_id, decide)
+    return Session.replay(cmd.tenant_id, cmd.session_id, history)
+
+
+def _same_send(first: SessionEvent, cmd: SendMessage) -> None:
+    """A send under a used idempotency key must be the same send, or it is refused, not dropped."""
+    if not isinstance(first, MessageAppended) or (first.user_id, first.device_id, first.text) != \
+            (cmd.user_id, cmd.device_id, cmd.text.strip()):
+        raise IdempotencyKeyReused(
+            "was already used for a different message in this session", field="idempotency_key",
+            hint="use a new idempotency key for a new message; reuse a key only to retry the same send")
 
 
 async def get_session(tenant_id: str, session_id: str, sessions: SessionRepository) -> Session:

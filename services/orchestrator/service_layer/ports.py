@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from services.orchestrator.domain import SessionEvent, Versioned
@@ -13,9 +13,13 @@ __all__ = ["SessionRepository"]
 class SessionRepository(Protocol):
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]: ...
 
-    async def append(self, tenant_id: str, session_id: str, expected_version: int,
-                     events: list[SessionEvent]) -> int:
-        """Append after `expected_version`; Conflict when the session moved; return the new version."""
+    async def update(self, tenant_id: str, session_id: str,
+                     decide: Callable[[list[Versioned]], list[SessionEvent]]) -> list[Versioned]:
+        """With no other writer of the session in between: load its history, append the events `decide`
+        returns for it (none: nothing), and return the history after the append.
+
+        Sessions are serialised per session, so a send never fails because another device
+        sent at the same time; `decide` raises to refuse (a stale expected version, say)."""
         ...
 
     def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:

@@ -1,0 +1,45 @@
+"""Sessions in the real event store: concurrent senders, idempotency keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+from libs.db import Database
+from libs.errors import IdempotencyKeyReused
+from libs.eventstore import EventStore
+from libs.outbox import Outbox
+from services.orchestrator.adapters.repository import EventSourcedSessions
+from services.orchestrator.service_layer.handlers import SendMessage, get_session, send_message
+
+pytestmark = pytest.mark.integration
+
+
+def a_send(**changes) -> SendMessage:
+    fields = {"tenant_id": "acme", "user_id": "u1", "session_id": "s1", "device_id": "web", "text": "hello",
+              **changes}
+    return SendMessage(**fields)
+
+
+async def test_thirty_concurrent_senders_at_any_version_all_succeed_in_one_gapless_order(db: Database) -> None:
+    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    with anyio.fail_after(60):
+        results = await asyncio.gather(*(send_message(a_send(device_id=f"d{i}", text=f"m{i}"), sessions)
+                                         for i in range(30)), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert failures == []
+    session = await get_session("acme", "s1", sessions)
+    assert session.version == 30
+    assert sorted(m.text for m in session.messages) == sorted(f"m{i}" for i in range(30))
+
+
+async def test_a_reused_idempotency_key_with_another_message_is_refused_and_a_retry_is_not(db: Database) -> None:
+    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    first = await send_message(a_send(idempotency_key="k-1"), sessions)
+    retry = await send_message(a_send(idempotency_key="k-1"), sessions)
+    with pytest.raises(IdempotencyKeyReused):
+        await send_message(a_send(idempotency_key="k-1", text="another message"), sessions)
+    assert first.version == retry.version == 1
+    assert [m.text for m in (await get_session("acme", "s1", sessions)).messages] == ["hello"]

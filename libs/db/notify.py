@@ -88,7 +88,7 @@ class Notifier:
             try:
                 conn = await self._connect()
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _conn: lost.set())
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 try:
                     await conn.add_listener(self.channel, lambda _c, _pid, _ch, payload: self._notified(payload))
                     self.listening.set()

@@ -165,7 +165,7 @@ def _tool(**fields) -> tools_pb2.RegisterToolRequest:
     return tools_pb2.RegisterToolRequest(tool=common_pb2.ToolSpec(**{**base, **fields}))
 
 
-MW, R, O, TG, AD = "memory-writer", "retriever", "orchestrator", "tool-gateway", "adapter"
+MW, R, ORC, TG, AD = "memory-writer", "retriever", "orchestrator", "tool-gateway", "adapter"
 NUL = "a\x00b"
 HUGE_ID = "9" * 9_000
 CASES = [
@@ -209,20 +209,20 @@ CASES = [
     ("search NUL tag", R, "Search", memory_pb2.SearchRequest(query="tea", tags=[NUL]), INVALID, "tags[0]"),
     ("search long query", R, "Search", memory_pb2.SearchRequest(query="tea " * 2_000), INVALID, "query"),
     ("search invisible query", R, "Search", memory_pb2.SearchRequest(query="\u200b"), INVALID, "query"),
-    ("send NUL text", O, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text=NUL), INVALID,
+    ("send NUL text", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text=NUL), INVALID,
      "text"),
-    ("send invisible text", O, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text="\ufeff"),
+    ("send invisible text", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text="\ufeff"),
      INVALID, "text"),
-    ("send NUL device", O, "Send", sessions_pb2.SendRequest(session_id="s1", device_id=NUL, text="hi"), INVALID,
+    ("send NUL device", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id=NUL, text="hi"), INVALID,
      "device_id"),
-    ("send NUL session", O, "Send", sessions_pb2.SendRequest(session_id=NUL, device_id="web", text="hi"), INVALID,
+    ("send NUL session", ORC, "Send", sessions_pb2.SendRequest(session_id=NUL, device_id="web", text="hi"), INVALID,
      "session_id"),
-    ("send 10 KB idempotency key", O, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text="hi",
+    ("send 10 KB idempotency key", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text="hi",
                                                                        idempotency_key="k" * 10_000), INVALID,
      "idempotency_key"),
-    ("subscribe huge session", O, "Subscribe", sessions_pb2.SubscribeRequest(session_id=HUGE_ID), INVALID,
+    ("subscribe huge session", ORC, "Subscribe", sessions_pb2.SubscribeRequest(session_id=HUGE_ID), INVALID,
      "session_id"),
-    ("get session NUL", O, "GetSession", sessions_pb2.GetSessionRequest(session_id=NUL), INVALID, "session_id"),
+    ("get session NUL", ORC, "GetSession", sessions_pb2.GetSessionRequest(session_id=NUL), INVALID, "session_id"),
     ("register NUL description", TG, "RegisterTool", _tool(description="Looks up " + NUL), INVALID,
      "tool.description"),
     ("register NUL name", TG, "RegisterTool", _tool(name=NUL), INVALID, "tool.name"),
@@ -241,7 +241,7 @@ CASES = [
     ("invoke NUL operation", AD, "Invoke", tools_pb2.InvokeRequest(backend_id="b", operation=NUL), INVALID,
      "operation"),
 ]
-_SERVICE_NAMES = {MW: "MemoryWriter", R: "Retriever", O: "Orchestrator", TG: "ToolGateway", AD: "Adapter"}
+_SERVICE_NAMES = {MW: "MemoryWriter", R: "Retriever", ORC: "Orchestrator", TG: "ToolGateway", AD: "Adapter"}
 
 
 def _method(service: str, rpc: str) -> str:

@@ -20,7 +20,7 @@ def _add_trace_ids(_logger: object, _method: str, event: dict) -> dict:
 
 
 def configure_logging(service: str, level: str = "info") -> None:
-    """JSON lines on stderr; stdlib logging (grpc, faststream, psycopg) goes the same way."""
+    """JSON lines on stderr; stdlib logging (grpc, faststream, asyncpg) goes the same way."""
     numeric = getattr(logging, level.upper())
     shared = [
         structlog.contextvars.merge_contextvars,

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,13 +22,14 @@ import redis.exceptions
 from libs.auth import TokenVerifier
 from libs.config import ConfigError, Settings, redacted
 from libs.db import Database, RoleError, apply_migrations, load_migrations
-from libs.events.bus import EventBus
+from libs.events.bus import EventBus, stable_consumer_name
 from libs.events.producers import admitted
 from libs.eventstore import EventStore
 from libs.housekeeping import housekeeping
 from libs.idempotency import TransactionalHandler, idempotent
 from libs.logs import configure_logging, get_logger
 from libs.outbox import Outbox, OutboxRelay
+from libs.readiness import dependency_probes, watch_dependencies
 from libs.rpc import GrpcServer, Registration
 from libs.telemetry import setup_telemetry
 
@@ -123,7 +122,7 @@ async def run_service(
         await db.open()
     except RoleError as exc:
         raise ConfigError(str(exc)) from None
-    bus = EventBus(settings.redis_url, consumer_name=f"{name}-{socket.gethostname()}-{os.getpid()}",
+    bus = EventBus(settings.redis_url, consumer_name=stable_consumer_name(name),
                    max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
                    maxlen=settings.stream_maxlen, retention_ms=int(settings.stream_retention_hours * 3_600_000),
                    namespace=settings.namespace)
@@ -138,6 +137,7 @@ async def run_service(
         processed_retention=timedelta(days=settings.processed_retention_days)))
 
     server = GrpcServer(settings.host, settings.grpc_port(name), ctx.registrations, verifier)
+    ctx.tasks.append(functools.partial(watch_dependencies, server, dependency_probes(settings)))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

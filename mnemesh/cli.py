@@ -73,9 +73,27 @@ def cmd_status(ns: argparse.Namespace) -> int:
     print_table(rows, ("service", "gRPC", "health", "metrics", "log"))
     if "mcp" in status:
         print(f"  MCP for agents (tool-gateway): {status['mcp']}")
-    for part, where in status["infrastructure"].items():
-        print(f"  {part}: {where}")
-    return 0 if all(health) else 1
+    dependencies = status.get("dependencies", {})
+    if dependencies:
+        print()
+        print_table([dependency_row(name, d) for name, d in dependencies.items()],
+                    ("dependency", "where", "health", "process"))
+    print(f"  qdrant: {status['infrastructure']['qdrant']}")
+    return 0 if all(health) and all(d["reachable"] for d in dependencies.values()) else 1
+
+
+def dependency_row(name: str, dep: dict) -> tuple[str, str, str, str]:
+    """One line of `mnemesh status` for Redis or PostgreSQL, as the supervisor last probed it."""
+    import time
+
+    age = f" ({time.time() - dep['checked_at']:.0f} s ago)" if dep.get("checked_at") else ""
+    health = ("reachable" if dep["reachable"] else f"UNREACHABLE: {dep['problem']}") + age
+    if not dep.get("embedded"):
+        process = "configured"
+    else:
+        process = (f"embedded, pid {dep['pid']}" if dep["running"] else "embedded, restarting") + \
+            (f", restarted {dep['restarts']}x" if dep["restarts"] else "")
+    return name, dep["url"], health, process
 
 
 def cmd_health(ns: argparse.Namespace) -> int:

@@ -43,6 +43,13 @@ class EmbeddedProcess:
     log: Path
     pidfile: Path
     stop_signal: int = signal.SIGTERM
+    cmd: list[str] = field(default_factory=list)
+    guard: dict = field(default_factory=dict)  # guarded() options: parent-death signal, user
+
+    def respawn(self) -> None:
+        """Start the server again, as it was first started (same command, data, port and log)."""
+        self.process = _popen(self.cmd, self.log, self.guard)
+        write_pidfile(self.pidfile, self.process.pid)
 
     def signal_stop(self) -> None:
         if self.process.poll() is None:
@@ -105,17 +112,21 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _spawn(name: str, cmd: list[str], data: Path, **guard) -> EmbeddedProcess:
-    log = data / "logs" / f"{name}.log"
-    pidfile = data / "run" / f"{name}.pid"
+def _popen(cmd: list[str], log: Path, guard: dict) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         # A session of its own: a Ctrl-C meant for the supervisor must not reach the database
         # before the services have stopped using it; the supervisor stops it last.
-        proc = subprocess.Popen(guarded(cmd, **guard), stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(guarded(cmd, **guard), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _spawn(name: str, cmd: list[str], data: Path, **guard) -> EmbeddedProcess:
+    log = data / "logs" / f"{name}.log"
+    pidfile = data / "run" / f"{name}.pid"
+    proc = _popen(cmd, log, guard)
     write_pidfile(pidfile, proc.pid)
-    return EmbeddedProcess(name, proc, log, pidfile)
+    return EmbeddedProcess(name, proc, log, pidfile, cmd=cmd, guard=guard)
 
 
 def _reap(name: str, data: Path, say, stop_signal: int = signal.SIGTERM) -> None:

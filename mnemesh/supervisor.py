@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from libs.config import SERVICES, Settings, redacted
 from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock, guarded
+from mnemesh.watchdog import Watchdog
 
 __all__ = ["check_health", "mcp_url", "print_table", "run_mesh", "status_file"]
 
@@ -83,6 +84,7 @@ class Child:
 class Supervisor:
     settings: Settings
     env: dict[str, str]
+    watchdog: Watchdog | None = None
     children: dict[str, Child] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -127,10 +129,26 @@ class Supervisor:
                 await asyncio.wait_for(stop.wait(), 0.3)
         return None
 
-    async def supervise(self, stop: asyncio.Event) -> None:
-        """Restart children that exit on their own, each on its own backoff: 1, 2, 4 ... 30 s."""
+    async def supervise(self, stop: asyncio.Event, infra: Infrastructure | None = None) -> None:
+        """Restart children that exit on their own, each on its own backoff: 1, 2, 4 ... 30 s.
+
+        The embedded servers are watched too (mnemesh/watchdog.py), and every 2 s the dependencies
+        are probed and the status file rewritten with what was found.
+        """
+        next_probe = 0.0
         while not stop.is_set():
             now = time.monotonic()
+            if self.watchdog is not None:
+                self.watchdog.check_processes()
+                if now >= next_probe and infra is not None:
+                    before = dict(self.watchdog.problems)
+                    problems = await self.watchdog.probe()
+                    for name in problems.keys() - before.keys():
+                        print(f"  {name} is unreachable: {problems[name]}", flush=True)
+                    for name in before.keys() - problems.keys():
+                        print(f"  {name} answers again", flush=True)
+                    self.write_status(infra)
+                    next_probe = time.monotonic() + 2.0
             for child in self.children.values():
                 if child.restart_at is not None:
                     if now >= child.restart_at:
@@ -166,6 +184,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "infrastructure": {"redis": redacted(infra.redis_url), "postgres": redacted(infra.database_url),
                                "qdrant": redacted(infra.qdrant)},
+            "dependencies": self.watchdog.status() if self.watchdog else {},
             "mcp": mcp_url(self.settings),
             "services": {c.name: {"grpc": c.address, "metrics": c.metrics, "log": str(c.log),
                                   "pid": c.process.pid if c.process else None} for c in self.children.values()},
@@ -193,7 +212,7 @@ async def _start_infrastructure(settings: Settings, stop: asyncio.Event) -> Infr
 
 
 async def _serve(settings: Settings, infra: Infrastructure, stop: asyncio.Event) -> int:
-    sup = Supervisor(settings, infra.env())
+    sup = Supervisor(settings, infra.env(), Watchdog(infra, say=lambda m: print(m, flush=True)))
     code = 0
     try:
         print("  starting memory-writer, retriever, tool-gateway, adapter, orchestrator...", flush=True)
@@ -213,10 +232,11 @@ async def _serve(settings: Settings, infra: Infrastructure, stop: asyncio.Event)
                         ("service", "gRPC", "metrics", "log"))
             print(f"\n  MCP for agents (tool-gateway, Streamable HTTP): {mcp_url(settings)}", flush=True)
             print("\n  `mnemesh status` shows this again; Ctrl-C stops everything.", flush=True)
-            await sup.supervise(stop)
+            await sup.supervise(stop, infra)
     finally:
         print("Stopping the mesh...", flush=True)
         await sup.stop_all()
+        await sup.watchdog.aclose()
         status_file(settings).unlink(missing_ok=True)
     return code
 

@@ -8,6 +8,11 @@ in one consumer group:
 - a claimer (XAUTOCLAIM, ``min_idle_time``) that takes entries left pending by a
   consumer that died or failed, so they are retried elsewhere.
 
+A consumer is named after its replica, not its process (`stable_consumer_name`), so a
+restarted process finds the entries its previous life held: at start it makes them
+claimable at once, and its claimer takes them back within a poll instead of waiting
+``min_idle_time`` for them to look abandoned.
+
 Acks are manual. An entry is acknowledged after its handler succeeded, or after
 it went to the dead-letter stream ``<stream>.dead`` with its reason: at once when
 it is malformed (retrying cannot help), after ``max_deliveries`` when its handler
@@ -19,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -38,7 +45,7 @@ from libs.logs import get_logger
 from libs.telemetry import extract, tracer
 from libs.transient import is_transient
 
-__all__ = ["EventBus", "Fenced", "Handler"]
+__all__ = ["EventBus", "Fenced", "Handler", "stable_consumer_name"]
 
 log = get_logger(__name__)
 Handler = Callable[[Envelope], Awaitable[None]]
@@ -80,6 +87,17 @@ return redis.call('GET', KEYS[1])
 
 class Fenced(Exception):
     """A publish carried an older term than the fence: its publisher no longer leads."""
+
+
+def stable_consumer_name(service: str, replica: str | None = None) -> str:
+    """The consumer name of `service` on this replica: the same after a restart, different per replica.
+
+    `replica` defaults to the host name, which is the pod name on Kubernetes and the container id
+    under Docker: stable while that pod or container lives, unique among replicas. Two processes of
+    one service on one host must pass distinct `replica` values.
+    """
+    replica = replica or socket.gethostname()
+    return f"{service}-{re.sub(r'[^A-Za-z0-9_.-]', '_', replica)}"
 
 
 def _entry_order(entry_id: bytes | str) -> tuple[int, int]:
@@ -214,7 +232,32 @@ class EventBus:
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+            await self._take_back_own_pending(redis, stream, group)
         await self.broker.start()
+
+    async def _take_back_own_pending(self, redis: Redis, stream: str, group: str) -> None:
+        """Make the entries this consumer's previous process held claimable now.
+
+        They were delivered to a process that is gone (a crash, a SIGKILL): nobody handles them,
+        but they are young, so the claimer would wait ``min_idle_time`` for them. Re-claiming them
+        with IDLE set to that time lets the claimer take them at its next poll. JUSTID leaves
+        their delivery counts alone: the claimer's delivery is the one that counts.
+        """
+        start = "-"
+        while True:
+            pending = await redis.xpending_range(stream, group, min=start, max="+", count=100,
+                                                 consumername=self.consumer_name)
+            if not pending:
+                return
+            ids = [entry["message_id"] for entry in pending]
+            await redis.xclaim(stream, group, self.consumer_name, min_idle_time=0, message_ids=ids,
+                               idle=self.min_idle_ms, justid=True)
+            log.info("taking back pending entries of a previous process", stream=stream, group=group,
+                     consumer=self.consumer_name, entries=len(ids))
+            if len(pending) < 100:
+                return
+            last = ids[-1].decode() if isinstance(ids[-1], bytes) else ids[-1]
+            start = "(" + last
 
     async def stop(self) -> None:
         await self.broker.stop()
@@ -244,7 +287,7 @@ class EventBus:
 
     async def prune_consumers(self, idle_ms: int = 3_600_000) -> int:
         """Remove consumers of this bus's groups that hold nothing and have been idle a long time
-        (each process restart names a new consumer; the old names would pile up)."""
+        (replicas that are gone, scaled-down pods; their names would pile up)."""
         redis = await self.redis()
         pruned = 0
         for stream, group in self._subscriptions:

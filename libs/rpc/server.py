@@ -44,6 +44,7 @@ class GrpcServer:
         self.server = grpc.aio.server(interceptors=[pipeline],
                                       options=[("grpc.so_reuseport", 0)])
         self.health = health.aio.HealthServicer()
+        self.ready, self.not_ready_reason, self._started = True, "", False
 
     async def start(self) -> None:
         for r in self.registrations:
@@ -60,9 +61,24 @@ class GrpcServer:
             raise PortInUse(f"cannot listen on {self.address}: {exc}; is another copy running? "
                             "stop it or set the service's MNEMESH_*_GRPC_PORT") from None
         await self.server.start()
-        for name in ["", *names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("grpc serving", address=self.address, services=names)
+        self._started = True
+        await self._publish_health()
+        log.info("grpc serving", address=self.address, services=names, ready=self.ready)
+
+    async def set_ready(self, ready: bool, reason: str = "") -> None:
+        """Readiness: NOT_SERVING (for every service name) while a dependency is away, SERVING again after.
+
+        Before start() it only records the state, which start() then publishes; after stop() began,
+        the health servicer ignores it (shutting down stays NOT_SERVING).
+        """
+        self.ready, self.not_ready_reason = ready, "" if ready else reason
+        if self._started:
+            await self._publish_health()
+
+    async def _publish_health(self) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if self.ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *(r.name for r in self.registrations)]:
+            await self.health.set(name, status)
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING first (load balancers drain), then let in-flight calls finish within `grace`."""

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -317,3 +318,48 @@ async def test_idle_consumers_that_hold_nothing_are_pruned_and_busy_ones_kept(re
         await bus.stop()
     assert pruned == 1
     assert "dead-empty" not in names and {"dead-holding", "current"} <= names
+
+
+async def test_a_restarted_consumer_takes_back_the_entry_it_held_at_once_not_after_the_idle_time(
+    redis_url: str, streams: str
+) -> None:
+    stream, group = f"{streams}.restart", "workers"
+    script = Path(__file__).with_name("restartable_consumer.py")
+
+    def start(mode: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), redis_url, stream, group, "worker-host1", mode],
+                                stdout=subprocess.PIPE, text=True)
+
+    async def line(process: subprocess.Popen) -> str:
+        """The next line of the script's own protocol (log lines share its stdout)."""
+        while (text := (await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 20)).strip()) \
+                and not text.startswith(("ready", "handling", "handled")):
+            pass
+        return text
+
+    publisher = EventBus(redis_url, consumer_name="publisher")
+    sent = envelope("survive a crash")
+    first = start("hang")
+    try:
+        assert await line(first) == "ready"
+        await publisher.publish(sent, stream=stream)
+        assert await line(first) == f"handling {sent.event_id}"
+    finally:
+        first.kill()  # mid-handler: no ack
+        first.wait()
+        first.stdout.close()
+    again = start("finish")
+    try:
+        started = time.monotonic()
+        assert await line(again) == "ready"
+        assert await line(again) == f"handling {sent.event_id}"
+        assert await line(again) == f"handled {sent.event_id}"
+        elapsed = time.monotonic() - started
+        client = await publisher.redis()
+        await wait_for(lambda: _no_pending(client, stream, group), timeout=5)
+    finally:
+        again.kill()
+        again.wait()
+        again.stdout.close()
+        await publisher.stop()
+    assert elapsed < 10, f"the entry waited {elapsed:.1f} s (the claimer's idle time is 60 s)"

@@ -152,10 +152,18 @@ async def test_a_call_to_a_registered_tool_is_unimplemented_and_says_not_to_retr
     registry = FakeRegistry()
     await registry.register(a_spec())
     with pytest.raises(Unimplemented) as err:
-        await call_tool(CallTool(a_spec().name, {"id": "7"}), registry)
+        await call_tool(CallTool(a_spec().name, {"customer": {"id": 7}}), registry)
     assert err.value.reason == "tool calls are not available yet"
     assert (err.value.field, err.value.retryable) == ("", False)
     assert "do not retry" in err.value.hint
+
+
+async def test_a_call_whose_arguments_break_the_current_schema_is_refused_naming_the_argument() -> None:
+    registry = FakeRegistry()
+    await registry.register(a_spec())
+    with pytest.raises(ValidationFailed) as err:
+        await call_tool(CallTool(a_spec().name, {"customer": {"id": "seven"}}), registry)
+    assert err.value.field == "arguments/customer/id" and "integer" in err.value.reason
 
 
 async def test_a_call_to_an_unknown_tool_is_not_found_on_the_name() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from libs.errors import ValidationFailed
+from libs.safe_schema import SafeValidator, UnsupportedPattern, check_schema
 
-__all__ = ["ToolSpec", "current_versions", "validate_spec"]
+__all__ = ["ToolSpec", "current_versions", "validate_arguments", "validate_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -34,9 +34,14 @@ class ToolSpec:
 
 def _check_schema(schema: dict, field_name: str) -> None:
     try:
-        Draft202012Validator.check_schema(schema)
+        check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
+        if isinstance(exc.cause, UnsupportedPattern):
+            raise ValidationFailed(f"has an unsupported pattern at {where or '(root)'}: {exc.cause}",
+                                   field=f"{field_name}/{where}" if where else field_name,
+                                   hint="rewrite the pattern without lookarounds or backreferences (patterns "
+                                        "are matched with RE2, in linear time)") from None
         raise ValidationFailed(f"is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""),
                                field=field_name, hint="fix the schema; see json-schema.org draft 2020-12") from None
     if schema.get("type", "object") != "object":
@@ -61,7 +66,7 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
     _check_schema(spec.input_schema, "input_schema")
     if spec.output_schema:
         _check_schema(spec.output_schema, "output_schema")
-    validator = Draft202012Validator(spec.input_schema)
+    validator = SafeValidator(spec.input_schema)
     for i, example in enumerate(spec.examples):
         errors = sorted(validator.iter_errors(example.get("arguments", example)), key=lambda e: list(e.path))
         if errors:
@@ -70,6 +75,17 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
             raise ValidationFailed(f"does not validate against input_schema at {where}: {err.message}",
                                    field=f"examples[{i}]", hint="fix the example or the schema")
     return spec
+
+
+def validate_arguments(spec: ToolSpec, arguments: dict) -> dict:
+    """Refuse call arguments that do not validate against the tool's input schema, naming the first path."""
+    errors = sorted(SafeValidator(spec.input_schema).iter_errors(arguments), key=lambda e: list(e.path))
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.path)
+        raise ValidationFailed(err.message, field=f"arguments/{where}" if where else "arguments",
+                               hint=f"see the input schema of {spec.name} (tools/list)")
+    return arguments
 
 
 def _version_key(spec: ToolSpec) -> tuple[int, ...]:

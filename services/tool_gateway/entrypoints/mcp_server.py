@@ -28,6 +28,7 @@ from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain import CallTool, ToolSpec
+from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.service_layer import handlers
 from services.tool_gateway.service_layer.ports import Registry
@@ -131,7 +132,7 @@ class PostOnly:
 
 def http_app(registry: Registry, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
              allowed_origins: str = "") -> ASGIApp:
-    """The ASGI app: bearer authentication around the SDK's Streamable HTTP app.
+    """The ASGI app: bearer authentication, then POST only, then JSON-RPC envelope checks, then the SDK.
 
     DNS rebinding protection is always on, whatever the bind address (a container binds 0.0.0.0
     and still answers a browser on the developer's machine): the Host header must be a loopback
@@ -143,4 +144,4 @@ def http_app(registry: Registry, verifier: TokenVerifier | None, *, allowed_host
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
     app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
-    return BearerAuth(PostOnly(app), verifier, required_scope=LIST_SCOPE)
+    return BearerAuth(PostOnly(JsonRpcGuard(app)), verifier, required_scope=LIST_SCOPE)

@@ -34,7 +34,7 @@ def tokenize(text: str) -> list[str]:
         for char in word + " ":
             if char != " " and is_cjk(char):
                 if latin:
-                    terms.append("".join(latin))
+                    terms.append("".join(latin)[:MAX_TERM_CHARS])
                     latin = []
                 run.append(char)
                 continue
@@ -45,5 +45,6 @@ def tokenize(text: str) -> list[str]:
             if char != " ":
                 latin.append(char)
         if latin:
-            terms.append("".join(latin))
+            # Capped, not dropped: what the write side let through (or older data) always indexes.
+            terms.append("".join(latin)[:MAX_TERM_CHARS])
     return terms

@@ -72,27 +72,32 @@ class OutboxRelay:
         self.fence_key = bus.stream_name(f"mnemesh.outbox.fence.{outbox.db.schema}")
 
     async def _lead(self) -> bool:
-        """Become (or stay) the leader; False while another relay leads."""
-        if self._conn is not None and not self._conn.is_closed():
+        """Become (or stay) the leader; False while another relay leads.
+
+        A follower keeps its connection and asks for the lock again at each poll, so taking
+        over costs one query, not a new connection.
+        """
+        if self._conn is None or self._conn.is_closed():
+            await self.resign()
+            self._conn = await self.outbox.db.connect()
+        if self.leading.is_set():
             return True
-        await self.resign()
-        conn = await self.outbox.db.connect()
+        conn = self._conn
         try:
             if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self._lock_key):
-                await conn.close()
                 return False
             term = await conn.fetchval("SELECT nextval('outbox_leader_term')")
             await self.bus.raise_fence(self.fence_key, term)
         except BaseException:
-            conn.terminate()
+            await self.resign()  # the lock, if taken, goes with the connection
             raise
-        self._conn, self.term = conn, term
+        self.term = term
         self.leading.set()
         log.info("outbox relay leads", schema=self.outbox.db.schema, term=term)
         return True
 
     async def resign(self) -> None:
-        """Stop leading (closing the connection releases the lock)."""
+        """Stop leading, or waiting to lead (closing the connection releases the lock)."""
         conn, self._conn = self._conn, None
         self.leading.clear()
         if conn is not None and not conn.is_closed():

@@ -25,8 +25,8 @@ def is_cjk(char: str) -> bool:
             or 0xF900 <= code <= 0xFAFF or 0x3040 <= code <= 0x30FF or 0xAC00 <= code <= 0xD7AF)
 
 
-def tokenize(text: str) -> list[str]:
-    """Terms in order of appearance (duplicates kept)."""
+def tokenize(text: str, cap: int | None = MAX_TERM_CHARS) -> list[str]:
+    """Terms in order of appearance (duplicates kept), each cut to `cap` characters (None: uncut)."""
     terms: list[str] = []
     for word in _WORD.findall(unicodedata.normalize("NFKC", text).lower()):
         run: list[str] = []
@@ -34,7 +34,7 @@ def tokenize(text: str) -> list[str]:
         for char in word + " ":
             if char != " " and is_cjk(char):
                 if latin:
-                    terms.append("".join(latin)[:MAX_TERM_CHARS])
+                    terms.append("".join(latin)[:cap])
                     latin = []
                 run.append(char)
                 continue
@@ -46,5 +46,5 @@ def tokenize(text: str) -> list[str]:
                 latin.append(char)
         if latin:
             # Capped, not dropped: what the write side let through (or older data) always indexes.
-            terms.append("".join(latin)[:MAX_TERM_CHARS])
+            terms.append("".join(latin)[:cap])
     return terms

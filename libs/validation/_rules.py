@@ -125,7 +125,7 @@ def check_content(value: str, field: str, max_chars: int) -> str:
     if not visible(value):
         raise ValidationFailed("must not be empty (it has no visible characters)", field=field,
                                hint="send the text itself; zero-width spaces and BOMs do not count")
-    longest = max(tokenize(value), key=len, default="")
+    longest = max(tokenize(value, cap=None), key=len, default="")
     if len(longest) > MAX_TERM_CHARS:
         raise ValidationFailed(f"has a word of {len(longest)} characters ({quote(longest, 16)}); words are "
                                f"limited to {MAX_TERM_CHARS} characters so that search can index them",

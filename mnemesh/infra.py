@@ -46,6 +46,12 @@ class EmbeddedProcess:
     cmd: list[str] = field(default_factory=list)
     guard: dict = field(default_factory=dict)  # guarded() options: parent-death signal, user
 
+    def kill_orphans(self) -> None:
+        """Kill what the exited server left running in its process group (PostgreSQL backends outlive a
+        SIGKILLed postmaster and hold its shared memory, so a new one would refuse to start)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
     def respawn(self) -> None:
         """Start the server again, as it was first started (same command, data, port and log)."""
         self.process = _popen(self.cmd, self.log, self.guard)

@@ -4,7 +4,7 @@ An embedded server that exits (a crash, the OOM killer, a SIGKILL) is reaped at 
 <defunct> left behind), reported, and started again on its own backoff: 0.5, 1, 2 ... 30 s,
 back to 0.5 s once it has run a minute. Its data survives: Redis appends and fsyncs every
 write, PostgreSQL recovers from its WAL. A PostgreSQL killed hard may refuse to start until
-its orphaned backends have exited; the backoff retries until they have.
+its orphaned backends have exited, so the rest of its process group is killed before the restart.
 
 Every dependency, embedded or configured, is probed as the services probe it
 (libs/readiness.py); `mnemesh status` shows the result the supervisor last wrote.
@@ -72,6 +72,7 @@ class Watchdog:
             code = w.proc.process.poll()  # reaps it: no zombie
             if code is None:
                 continue
+            w.proc.kill_orphans()
             w.failures_in_a_row = 0 if now - w.started_at > 60 else w.failures_in_a_row + 1
             delay = min(30.0, 0.5 * 2 ** max(0, w.failures_in_a_row - 1))
             w.restarts += 1

@@ -17,6 +17,21 @@ from libs.protogen.mnemesh.v1 import events_pb2
 pytestmark = pytest.mark.integration
 
 
+async def feed_once_settled(store: EventStore, streams: set[str], count: int) -> list:
+    """The global feed once it holds `count` events of `streams`.
+
+    The feed stops at the oldest transaction running anywhere in the cluster, so a transaction of
+    another client (another test run on a shared server) can hold it back for a while; this waits
+    for that, and a feed that never settles still fails the test.
+    """
+    with anyio.fail_after(30):
+        while True:
+            feed = [e for e in await store.read_all(Checkpoint()) if e.stream_id in streams]
+            if len(feed) >= count:
+                return feed
+            await anyio.sleep(0.05)
+
+
 def event(text: str) -> Envelope:
     return Envelope.wrap(events_pb2.SessionMessageAppended(device_id="d", role="user", text=text),
                          event_type="session.message_appended", tenant_id="t1")
@@ -75,8 +90,8 @@ async def test_a_reader_never_passes_an_event_whose_transaction_commits_late(db:
                 visible = await store.read_all(Checkpoint())
                 assert not [e for e in visible if e.stream_id == f"b{attempt}"], \
                     "the reader saw B while A, with an earlier position, was still in flight"
-        after = await store.read_all(Checkpoint())
-        order = [e.stream_id for e in after if e.stream_id in (f"a{attempt}", f"b{attempt}")]
+        after = await feed_once_settled(store, {f"a{attempt}", f"b{attempt}"}, 2)
+        order = [e.stream_id for e in after]
         assert order == [f"a{attempt}", f"b{attempt}"]
 
 
@@ -166,7 +181,7 @@ async def test_the_global_feed_never_shows_a_streams_next_version_before_the_pre
             async with db.transaction("t1") as conn_b:
                 await store.append(conn_b, stream, 0, [event("v1, by the younger transaction")])
             await store.append(conn_a, stream, ANY_VERSION, [event("v2, by the older transaction")])
-        feed = [e.version for e in await store.read_all(Checkpoint()) if e.stream_id == stream]
+        feed = [e.version for e in await feed_once_settled(store, {stream}, 2)]
         assert feed == [1, 2]
     # Read one event at a time, resuming from each checkpoint: same order, nothing twice.
     resumed, checkpoint = [], Checkpoint()

@@ -19,6 +19,7 @@ from zeep.xsd.elements.indicators import Choice, Group, OrderIndicator
 from zeep.xsd.types.any import AnyType
 from zeep.xsd.types.collection import ListType, UnionType
 
+from libs.safe_schema import UnsupportedPattern, compile_pattern
 from services.adapter.adapters.xsd_facets import FacetIndex, Facets
 
 __all__ = ["SchemaBuilder", "builtin_name"]
@@ -65,10 +66,22 @@ def _apply_facets(schema: dict, facets: Facets | None, kind: str | None) -> dict
         else:
             values = list(facets.enumeration)
         schema["enum"] = values
-    if facets.patterns:
-        # XSD patterns are implicitly anchored; JSON Schema ones are not.
-        anchored = [f"^(?:{p})$" for p in facets.patterns]
-        schema["pattern"] = anchored[0] if len(anchored) == 1 else "".join(f"(?={p})" for p in anchored)
+    # XSD patterns are implicitly anchored; JSON Schema ones are not. Patterns are matched with RE2
+    # (libs.safe_schema): one it cannot run (XSD class subtraction, \\i \\c...) is left to the service.
+    anchored, skipped = [], []
+    for pattern in facets.patterns:
+        try:
+            compile_pattern(f"^(?:{pattern})$")
+            anchored.append(f"^(?:{pattern})$")
+        except UnsupportedPattern:
+            skipped.append(pattern)
+    if len(anchored) == 1:
+        schema["pattern"] = anchored[0]
+    elif anchored:
+        schema["allOf"] = [{"pattern": p} for p in anchored]
+    if skipped:
+        schema["description"] = (schema.get("description", "") + " Must match the XML Schema pattern "
+                                 + " and ".join(repr(p) for p in skipped) + " (checked by the service).").strip()
     numeric = schema.get("type") in ("integer", "number") or kind in ("decimal", "float", "double")
     for name, value in facets.bounds.items():
         try:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import httpx
-from jsonschema import Draft202012Validator
 from lxml import etree
 from requests_toolbelt.multipart.decoder import MultipartDecoder
 from zeep import Settings
@@ -29,6 +28,7 @@ from zeep.wsdl.utils import etree_to_string
 from zeep.xsd.types.complex import ComplexType
 
 from libs.errors import DeadlineExceeded, DomainError, Unavailable, ValidationFailed
+from libs.safe_schema import SafeValidator
 from services.adapter.adapters.soap_values import body_arguments, to_json, xml_to_json
 from services.adapter.domain.catalog import Catalog, OperationTool
 from services.adapter.domain.errors import BadResponse, from_http_status, from_soap_fault
@@ -50,11 +50,11 @@ class CallPolicy:
     backoff_seconds: float = 0.2
 
 
-def _validator(schema: dict) -> Draft202012Validator:
-    return Draft202012Validator(schema)
+def _validator(schema: dict) -> SafeValidator:
+    return SafeValidator(schema)  # RE2 patterns: a caller's string cannot make a regex backtrack for ever
 
 
-def _schema_error(validator: Draft202012Validator, arguments: dict) -> ValidationFailed | None:
+def _schema_error(validator: SafeValidator, arguments: dict) -> ValidationFailed | None:
     errors = sorted(validator.iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
     if not errors:
         return None

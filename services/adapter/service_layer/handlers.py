@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from libs.errors import NotFound, ValidationFailed
+from libs.errors import DomainError, NotFound, ValidationFailed
 from libs.logs import get_logger
 from services.adapter.domain.catalog import Catalog
 from services.adapter.domain.commands import (
@@ -17,7 +17,7 @@ from services.adapter.domain.commands import (
 )
 from services.adapter.service_layer.ports import BackendLoader, BackendStore, LiveBackend, StoredBackend, ToolRegistry
 
-__all__ = ["Bridge", "ImportResult", "describe", "drop", "import_wsdl", "invoke", "restore"]
+__all__ = ["Bridge", "ImportResult", "describe", "drop", "import_wsdl", "invoke", "register_all", "restore"]
 
 log = get_logger(__name__)
 
@@ -111,16 +111,23 @@ async def drop(command: DropBackend, bridge: Bridge) -> tuple[list[str], str]:
 
 
 async def restore(bridge: Bridge) -> list[str]:
-    """Load every stored import (offline: from the stored documents) and register its tools again."""
+    """Load every stored import (offline: from the stored documents); return what did not load."""
     problems = []
     for stored in await bridge.store.list():
         try:
-            backend = await _live(stored.backend_id, bridge)
-        except Exception as exc:  # noqa: BLE001 - one broken import must not stop the others
-            log.exception("stored import does not load", backend=stored.backend_id)
+            await _live(stored.backend_id, bridge)
+        except DomainError as exc:
+            log.error("stored import does not load", backend=stored.backend_id, error=exc.to_dict())
             problems.append(f"{stored.backend_id}: {exc}")
-            continue
-        options = ImportOptions.from_json(stored.options)
+    return problems
+
+
+async def register_all(bridge: Bridge) -> list[str]:
+    """Register the tools of every loaded backend with the gateway; return what failed."""
+    problems = []
+    for backend_id, backend in sorted(bridge.live.items()):
+        stored = await bridge.store.get(backend_id)
+        options = ImportOptions.from_json(stored.options) if stored else ImportOptions()
         if error := await bridge.registry.register(backend.catalog, options.timeout_seconds, options.retries):
-            problems.append(f"{stored.backend_id}: {error}")
+            problems.append(f"{backend_id}: {error}")
     return problems

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import httpx
+from jsonschema.exceptions import best_match
 from lxml import etree
 from requests_toolbelt.multipart.decoder import MultipartDecoder
 from zeep import Settings
@@ -55,10 +56,15 @@ def _validator(schema: dict) -> SafeValidator:
 
 
 def _schema_error(validator: SafeValidator, arguments: dict) -> ValidationFailed | None:
-    errors = sorted(validator.iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
-    if not errors:
+    err = best_match(validator.iter_errors(arguments))
+    if err is None:
         return None
-    err = errors[0]
+    # A nullable member is anyOf(schema, null): report what the non-null branch wanted.
+    while err.validator in ("anyOf", "oneOf") and err.context:
+        inner = [e for e in err.context if e.validator != "type" or e.validator_value != "null"]
+        if not inner:
+            break
+        err = best_match(inner)
     where = ".".join(str(p) for p in err.absolute_path) or "(root)"
     hint = "see the tool's inputSchema"
     if err.validator == "enum":

@@ -25,7 +25,7 @@ from zeep.xsd.types.complex import ComplexType
 from zeep.xsd.valueobjects import ArrayValue
 
 from libs.errors import ValidationFailed
-from services.adapter.adapters.json_schema import builtin_name
+from services.adapter.adapters.json_schema import _INTEGER_BOUNDS, builtin_name
 
 __all__ = ["body_arguments", "to_json", "xml_to_json"]
 
@@ -109,6 +109,8 @@ def _value(xsd_type, value, path: str):
         items = value if isinstance(value, list) else str(value).split()
         return [_value(xsd_type.item_type, v, f"{path}[{i}]") for i, v in enumerate(items)]
     kind = builtin_name(xsd_type)
+    if kind in _INTEGER_BOUNDS and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON numbers that crossed protobuf Struct arrive as doubles
     if kind == "decimal":
         try:
             return Decimal(str(value)) if not isinstance(value, bool) else _bad(path, value, kind)

@@ -113,3 +113,17 @@ def test_files_outside_the_allowed_folder_are_not_read() -> None:
     with pytest.raises(ValidationFailed) as err:
         load_wsdl(WsdlSource(path=str(WSDL / "no_service.wsdl")), "x", file_roots=(WSDL / "multi",))
     assert "MNEMESH_ADAPTER_WSDL_DIR" in err.value.reason
+
+
+def test_an_uploaded_wsdl_with_its_companions_imports_without_reading_any_file() -> None:
+    from mnemesh.adapter_cli import companions
+
+    main = (WSDL / "multi" / "orders.wsdl").resolve()
+    files = companions(main)
+    assert len(files) == 4
+    document = files.pop(main.as_uri())
+    loaded = load_wsdl(WsdlSource(document=document, base_url=main.as_uri(), documents=files), "orders",
+                       file_roots=())  # no file may be read: everything comes with the request
+    catalog = build_catalog("orders", loaded, revision=1)[0]
+    assert catalog.tool("PlaceOrder") is not None
+    assert loaded.wsdl_hash == load_wsdl(WsdlSource(path=str(main)), "orders", file_roots=(WSDL,)).wsdl_hash

@@ -11,7 +11,6 @@ import httpx
 import pytest
 from google.protobuf import json_format
 
-from libs.config import Settings
 from libs.db import Database, apply_migrations, load_migrations
 from libs.errors import DeadlineExceeded, Unauthenticated, Unavailable, ValidationFailed
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc

@@ -115,6 +115,15 @@ class Settings(BaseSettings):
     mcp_allowed_origins: str = ""
 
     adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")
+    # The tool-gateway the adapter registers its tools with (default: host and tool-gateway gRPC port),
+    # and the service token it sends (needs tools:admin); unset with HS256: minted from jwt_secret.
+    adapter_gateway_address: str = ""
+    adapter_gateway_token: SecretStr | None = None
+    # Backend secrets, JSON: {"name": {"type": "basic"|"wsse_text"|"wsse_digest", "username": ..., "password": ...}};
+    # an import names one (options.credentials); tool arguments never carry them.
+    adapter_credentials: SecretStr = SecretStr("")
+    adapter_wsdl_dir: Path | None = Field(None, description="WSDL files ImportWsdl(path) may read (default data_dir/wsdl)")
+    adapter_concurrency_per_endpoint: int = Field(8, ge=1, le=256, description="concurrent calls per SOAP endpoint")
 
     # Streams.
     stream_max_deliveries: int = Field(5, ge=1, description="deliveries before a message is dead-lettered")
@@ -179,6 +188,7 @@ def _setting_name(loc: tuple[object, ...]) -> str:
 
 
 _SECRET_FIELDS = {"jwt_secret", "database_url", "redis_url", "qdrant_url", "database_app_url", "REDIS_URL",
+                  "adapter_credentials", "adapter_gateway_token",
                   "DATABASE_URL", "QDRANT_URL", "DATABASE_APP_URL"}
 
 

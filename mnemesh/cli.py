@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(sub, _settings)
 
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
-    p.add_argument("name", help="eventstore, bus or list")
+    p.add_argument("name", help="eventstore, bus, adapter or list")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.set_defaults(func=cmd_bench)

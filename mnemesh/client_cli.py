@@ -27,6 +27,7 @@ from libs.protogen.mnemesh.v1 import (
     tools_pb2_grpc,
 )
 from libs.rpc import channel, error_detail
+from mnemesh.adapter_cli import add_adapter_commands
 
 __all__ = ["add_client_commands"]
 
@@ -164,6 +165,8 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
     p = tools.add_parser("list", help="list registered tools")
     identity(p)
     p.set_defaults(func=bind(tools_list))
+
+    add_adapter_commands(sub, settings_of, _run, identity)
 
     session = sub.add_parser("session", help="talk to a session").add_subparsers(dest="verb", required=True)
     p = session.add_parser("send", help="append a user message")

@@ -88,6 +88,16 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.ListBackendsRequest": {},
     "mnemesh.v1.InvokeRequest": {"backend_id": _ident(64), "operation": _ident(128),
                                  "arguments": _struct(256 * _KB)},
+    # Adapter administration: a WSDL and its companions travel as bytes (bounded by the adapter: 20 MB).
+    "mnemesh.v1.ImportWsdlRequest": {"backend_id": _ident(64), "url": _text(2_048), "path": _text(1_024),
+                                     "base_url": _text(2_048), "documents": Limit("message", items=200),
+                                     "options": Limit("message")},
+    "mnemesh.v1.ImportWsdlRequest.DocumentsEntry": {"key": _text(2_048)},
+    "mnemesh.v1.ImportOptions": {"service": _ident(256), "port": _ident(256), "address": _text(2_048),
+                                 "credentials": _ident(64), "operations": Limit("message", items=1_000)},
+    "mnemesh.v1.ImportOptions.OperationsEntry": {"key": _ident(256), "value": Limit("message")},
+    "mnemesh.v1.DescribeRequest": {"backend_id": _ident(64)},
+    "mnemesh.v1.DropRequest": {"backend_id": _ident(64)},
 }
 
 _STRING_RULES: dict[str, Callable[[str, str, int], object]] = {
@@ -108,10 +118,24 @@ def check_message(message: Message, prefix: str = "") -> None:
             if len(value) > most:
                 raise ValidationFailed(f"has {len(value)} items; the limit is {most}", field=path,
                                        hint="send fewer; the README's section 'Input limits' lists every limit")
+            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                _check_map(fd, value, path)
+                continue
             for i, item in enumerate(value):
                 _check_value(fd, item, f"{path}[{i}]", limit)
         else:
             _check_value(fd, value, path, limit)
+
+
+def _check_map(fd: FieldDescriptor, mapping, path: str) -> None:
+    """A map field iterates as its keys: check each key, and each value, by the entry's limits."""
+    entry = fd.message_type
+    limits = LIMITS.get(entry.full_name, {})
+    key_fd, value_fd = entry.fields_by_name["key"], entry.fields_by_name["value"]
+    for key in mapping:
+        where = f"{path}[{quote(str(key), 24)}]"
+        _check_value(key_fd, key, f"{where} key", limits.get("key"))
+        _check_value(value_fd, mapping[key], where, limits.get("value"))
 
 
 def _check_value(fd: FieldDescriptor, value, path: str, limit: Limit | None) -> None:

@@ -1,20 +1,81 @@
-"""Wire the adapter."""
+"""Wire the adapter: PostgreSQL store, zeep loader on a shared HTTP client, gateway registration."""
 
 from __future__ import annotations
 
-from libs.config import ConfigError
-from libs.errors import ValidationFailed
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from libs.auth import issue_token
+from libs.config import ConfigError, Settings
+from libs.errors import DomainError, ValidationFailed
+from libs.logs import get_logger
 from libs.runtime import ServiceContext
+from services.adapter.adapters.gateway import GatewayRegistry
+from services.adapter.adapters.postgres import PostgresBackendStore
+from services.adapter.adapters.soap_backend import SoapLoader, parse_credentials
 from services.adapter.domain.backends import parse_backends
+from services.adapter.domain.commands import ImportWsdl
 from services.adapter.entrypoints import grpc_api
+from services.adapter.service_layer import handlers
+from services.adapter.service_layer.handlers import Bridge
 
 NAME = "adapter"
-MIGRATIONS = None
+MIGRATIONS = "services.adapter"
+
+log = get_logger(__name__)
+
+
+def gateway_token(settings: Settings):
+    """The service token for RegisterTool: configured, or minted (HS256 development) shortly before it expires."""
+    if settings.adapter_gateway_token:
+        token = settings.adapter_gateway_token.get_secret_value()
+        return lambda: token
+    if not settings.auth_enabled:
+        return lambda: None
+    if settings.jwt_algorithm != "HS256":
+        raise ConfigError("MNEMESH_ADAPTER_GATEWAY_TOKEN is needed with RS256: a token with the tools:admin scope")
+    return lambda: issue_token(settings, subject="service:adapter", tenant_id="mesh", scopes=["tools:admin"],
+                               ttl_seconds=300)
 
 
 async def bootstrap(ctx: ServiceContext) -> None:
+    settings = ctx.settings
     try:
-        backends = parse_backends(ctx.settings.adapter_backends)
+        configured = parse_backends(settings.adapter_backends)
+        credentials = parse_credentials(settings.adapter_credentials)
     except ValidationFailed as exc:
         raise ConfigError(f"{exc.field}: {exc.reason} ({exc.hint})") from None
-    ctx.add_grpc(grpc_api.registration(backends))
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    ctx.closers.append(http.aclose)
+    loader = SoapLoader(http, credentials=credentials, wsdl_dir=Path(settings.adapter_wsdl_dir or
+                                                                      settings.data_dir / "wsdl"),
+                        concurrency=settings.adapter_concurrency_per_endpoint)
+    address = settings.adapter_gateway_address or f"{settings.host}:{settings.tool_gateway_grpc_port}"
+    bridge = Bridge(PostgresBackendStore(ctx.db), loader, GatewayRegistry(address, gateway_token(settings)))
+    ctx.add_grpc(grpc_api.registration(bridge, configured))
+
+    async def startup() -> None:
+        """Re-load stored imports (offline) and configured SOAP backends, then (re-)register their tools."""
+        for problem in await handlers.restore(bridge):
+            log.warning("stored import not restored", problem=problem)
+        for backend in configured:
+            if backend.kind != "soap" or backend.backend_id in bridge.live:
+                continue
+            location = backend.location
+            command = ImportWsdl(backend.backend_id, url=location if "://" in location else "",
+                                 path=location if "://" not in location else "")
+            try:
+                await handlers.import_wsdl(command, bridge, trusted=True)
+            except DomainError as exc:
+                log.error("configured backend not imported", backend=backend.backend_id, error=exc.to_dict())
+        # The gateway may start after us: register again until every tool is there (RegisterTool is
+        # idempotent per version), then stay (a finished task would stop the service).
+        delay = 2.0
+        while await handlers.register_all(bridge):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+        await asyncio.Event().wait()
+
+    ctx.tasks.append(startup)

@@ -24,7 +24,8 @@ from libs.validation import (
 REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,
             memory_pb2.SearchRequest, sessions_pb2.SendRequest, sessions_pb2.SubscribeRequest,
             sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,
-            tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest]
+            tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest,
+            tools_pb2.ImportWsdlRequest, tools_pb2.DescribeRequest, tools_pb2.DropRequest]
 _WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Struct")
 
 
@@ -156,3 +157,14 @@ def test_a_good_request_passes() -> None:
     check_message(memory_pb2.WriteMemoryRequest(
         tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u1", session_id="s-1"), content="likes tea",
         key="user.drink", tags=["prefs"], attributes=attributes, layer=5, source=2))
+
+
+def test_map_fields_are_checked_by_their_entry_limits() -> None:
+    request = tools_pb2.ImportWsdlRequest(backend_id="billing", document=b"<x/>")
+    request.documents["file:///a.xsd"] = b"<a/>"
+    request.options.operations["GetCustomer"].timeout_seconds = 5
+    check_message(request)
+    request.documents["x" * 3_000] = b""
+    with pytest.raises(ValidationFailed) as err:
+        check_message(request)
+    assert err.value.field.startswith("documents[") and err.value.field.endswith(" key")

@@ -73,23 +73,153 @@ class ListBackendsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AdapterPort(_message.Message):
+    __slots__ = ("service", "port", "binding", "soap_version", "address")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    SOAP_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    port: str
+    binding: str
+    soap_version: str
+    address: str
+    def __init__(self, service: _Optional[str] = ..., port: _Optional[str] = ..., binding: _Optional[str] = ..., soap_version: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class FailedOperation(_message.Message):
+    __slots__ = ("operation", "reason")
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    operation: str
+    reason: str
+    def __init__(self, operation: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Backend(_message.Message):
-    __slots__ = ("backend_id", "kind", "location", "tools")
+    __slots__ = ("backend_id", "kind", "location", "tools", "wsdl_hash", "revision", "port", "ports", "failed", "notes")
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    WSDL_HASH_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     backend_id: str
     kind: str
     location: str
     tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]
-    def __init__(self, backend_id: _Optional[str] = ..., kind: _Optional[str] = ..., location: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
+    wsdl_hash: str
+    revision: int
+    port: AdapterPort
+    ports: _containers.RepeatedCompositeFieldContainer[AdapterPort]
+    failed: _containers.RepeatedCompositeFieldContainer[FailedOperation]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, backend_id: _Optional[str] = ..., kind: _Optional[str] = ..., location: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., wsdl_hash: _Optional[str] = ..., revision: _Optional[int] = ..., port: _Optional[_Union[AdapterPort, _Mapping]] = ..., ports: _Optional[_Iterable[_Union[AdapterPort, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedOperation, _Mapping]]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListBackendsResponse(_message.Message):
     __slots__ = ("backends",)
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[Backend]
     def __init__(self, backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ...) -> None: ...
+
+class OperationPolicy(_message.Message):
+    __slots__ = ("timeout_seconds", "retries")
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    timeout_seconds: float
+    retries: int
+    def __init__(self, timeout_seconds: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
+
+class ImportOptions(_message.Message):
+    __slots__ = ("service", "port", "address", "allow_remote", "credentials", "timeout_seconds", "retries", "operations")
+    class OperationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: OperationPolicy
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[OperationPolicy, _Mapping]] = ...) -> None: ...
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_REMOTE_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    port: str
+    address: str
+    allow_remote: bool
+    credentials: str
+    timeout_seconds: float
+    retries: int
+    operations: _containers.MessageMap[str, OperationPolicy]
+    def __init__(self, service: _Optional[str] = ..., port: _Optional[str] = ..., address: _Optional[str] = ..., allow_remote: _Optional[bool] = ..., credentials: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., retries: _Optional[int] = ..., operations: _Optional[_Mapping[str, OperationPolicy]] = ...) -> None: ...
+
+class ImportWsdlRequest(_message.Message):
+    __slots__ = ("backend_id", "url", "document", "path", "base_url", "documents", "options")
+    class DocumentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    url: str
+    document: bytes
+    path: str
+    base_url: str
+    documents: _containers.ScalarMap[str, bytes]
+    options: ImportOptions
+    def __init__(self, backend_id: _Optional[str] = ..., url: _Optional[str] = ..., document: _Optional[bytes] = ..., path: _Optional[str] = ..., base_url: _Optional[str] = ..., documents: _Optional[_Mapping[str, bytes]] = ..., options: _Optional[_Union[ImportOptions, _Mapping]] = ...) -> None: ...
+
+class ImportWsdlResponse(_message.Message):
+    __slots__ = ("backend", "registered", "registration_error")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_ERROR_FIELD_NUMBER: _ClassVar[int]
+    backend: Backend
+    registered: bool
+    registration_error: str
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ..., registered: _Optional[bool] = ..., registration_error: _Optional[str] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("backend_id",)
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    def __init__(self, backend_id: _Optional[str] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("backend",)
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    backend: Backend
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ...) -> None: ...
+
+class DropRequest(_message.Message):
+    __slots__ = ("backend_id",)
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    def __init__(self, backend_id: _Optional[str] = ...) -> None: ...
+
+class DropResponse(_message.Message):
+    __slots__ = ("tools", "unregister_error")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    unregister_error: str
+    def __init__(self, tools: _Optional[_Iterable[str]] = ..., unregister_error: _Optional[str] = ...) -> None: ...
 
 class InvokeRequest(_message.Message):
     __slots__ = ("backend_id", "operation", "arguments")
@@ -102,9 +232,13 @@ class InvokeRequest(_message.Message):
     def __init__(self, backend_id: _Optional[str] = ..., operation: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class InvokeResponse(_message.Message):
-    __slots__ = ("result", "error")
+    __slots__ = ("result", "error", "fault", "latency_ms")
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     result: _struct_pb2.Struct
     error: _common_pb2.ErrorDetail
-    def __init__(self, result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+    fault: _struct_pb2.Struct
+    latency_ms: float
+    def __init__(self, result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., fault: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., latency_ms: _Optional[float] = ...) -> None: ...

@@ -207,6 +207,21 @@ class AdapterStub:
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_tools__pb2.InvokeResponse.FromString,
                 _registered_method=True)
+        self.ImportWsdl = channel.unary_unary(
+                '/mnemesh.v1.Adapter/ImportWsdl',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.ImportWsdlRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.ImportWsdlResponse.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/mnemesh.v1.Adapter/Describe',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.DescribeResponse.FromString,
+                _registered_method=True)
+        self.Drop = channel.unary_unary(
+                '/mnemesh.v1.Adapter/Drop',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.DropRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.DropResponse.FromString,
+                _registered_method=True)
 
 
 class AdapterServicer:
@@ -225,6 +240,26 @@ class AdapterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportWsdl(self, request, context):
+        """Load a WSDL (offline unless asked), turn the operations of one port into tools, store it,
+        and register the tools with the tool-gateway.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdapterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +272,21 @@ def add_AdapterServicer_to_server(servicer, server):
                     servicer.Invoke,
                     request_deserializer=mnemesh_dot_v1_dot_tools__pb2.InvokeRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_tools__pb2.InvokeResponse.SerializeToString,
+            ),
+            'ImportWsdl': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportWsdl,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.ImportWsdlRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.ImportWsdlResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.DescribeRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.DescribeResponse.SerializeToString,
+            ),
+            'Drop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drop,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.DropRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.DropResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -294,6 +344,87 @@ class Adapter:
             '/mnemesh.v1.Adapter/Invoke',
             mnemesh_dot_v1_dot_tools__pb2.InvokeRequest.SerializeToString,
             mnemesh_dot_v1_dot_tools__pb2.InvokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportWsdl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.Adapter/ImportWsdl',
+            mnemesh_dot_v1_dot_tools__pb2.ImportWsdlRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.ImportWsdlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.Adapter/Describe',
+            mnemesh_dot_v1_dot_tools__pb2.DescribeRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.Adapter/Drop',
+            mnemesh_dot_v1_dot_tools__pb2.DropRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.DropResponse.FromString,
             options,
             channel_credentials,
             insecure,

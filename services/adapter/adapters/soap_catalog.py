@@ -1,0 +1,99 @@
+"""A loaded WSDL -> the Catalog of tools of one port (one per operation), and the zeep binding to call them."""
+
+from __future__ import annotations
+
+from zeep.exceptions import Error as ZeepError
+from zeep.wsdl.bindings.soap import Soap11Binding, Soap12Binding, SoapBinding
+
+from libs.errors import NotFound, ValidationFailed
+from services.adapter.adapters.json_schema import SchemaBuilder
+from services.adapter.adapters.wsdl_import import LoadedWsdl
+from services.adapter.adapters.xsd_facets import FacetIndex
+from services.adapter.domain.catalog import Catalog, FailedOperation, OperationTool, PortInfo, describe_operation
+from services.adapter.domain.naming import tool_name
+
+__all__ = ["build_catalog", "list_ports"]
+
+
+def _soap_version(binding: object) -> str:
+    if isinstance(binding, Soap12Binding):
+        return "1.2"
+    if isinstance(binding, Soap11Binding):
+        return "1.1"
+    return ""
+
+
+def list_ports(loaded: LoadedWsdl) -> list[tuple[PortInfo, object]]:
+    """Every (service, port) of the WSDL with its binding, SOAP ones first in document order."""
+    found = []
+    for service in loaded.document.services.values():
+        for port in service.ports.values():
+            info = PortInfo(service.name, port.name, port.binding.name.localname if port.binding.name is not None
+                            else "", _soap_version(port.binding), (port.binding_options or {}).get("address") or "")
+            found.append((info, port))
+    return sorted(found, key=lambda item: not item[0].soap_version)
+
+
+def _choose(ports: list[tuple[PortInfo, object]], service: str, port: str) -> tuple[PortInfo, object]:
+    candidates = [(i, p) for i, p in ports if (not service or i.service == service) and (not port or i.port == port)]
+    soap = [(i, p) for i, p in candidates if i.soap_version]
+    if not soap:
+        available = ", ".join(f"{i.service}/{i.port} ({'SOAP ' + i.soap_version if i.soap_version else 'not SOAP'})"
+                              for i, _ in ports) or "none"
+        wanted = "/".join(filter(None, [service, port])) or "any"
+        raise NotFound(f"no SOAP port matches {wanted}; the WSDL has {available}",
+                       field="options.port" if port else "options.service",
+                       hint="choose one of the listed SOAP ports (or leave service and port empty)")
+    return soap[0]
+
+
+def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service: str = "", port: str = "",
+                  index: FacetIndex | None = None) -> tuple[Catalog, SoapBinding]:
+    ports = list_ports(loaded)
+    if not ports:
+        raise ValidationFailed("the WSDL declares services but no ports", field="source",
+                               hint="a wsdl:service needs a wsdl:port with a SOAP address")
+    info, chosen = _choose(ports, service, port)
+    binding: SoapBinding = chosen.binding
+    if not info.address:
+        raise ValidationFailed(f"port {info.service}/{info.port} has no soap:address location", field="source",
+                               hint="set options.address to the endpoint URL")
+    index = index or FacetIndex.from_documents(loaded.documents)
+    tools, failed, notes, taken = [], [], list(loaded.warnings), set()
+    for operation in binding._operations.values():
+        try:
+            tool = _tool(backend_id, info, operation, index, taken, notes)
+        except (ZeepError, LookupError, AttributeError, TypeError, KeyError, ValueError) as exc:
+            failed.append(FailedOperation(operation.name, f"{exc.__class__.__name__}: {exc}"))
+            continue
+        taken.add(tool.name)
+        tools.append(tool)
+    catalog = Catalog(backend_id=backend_id, wsdl_hash=loaded.wsdl_hash, revision=revision, location=loaded.location,
+                      port=info, ports=tuple(i for i, _ in ports), tools=tuple(tools), failed=tuple(failed),
+                      notes=tuple(dict.fromkeys(notes)))
+    return catalog, binding
+
+
+def _tool(backend_id: str, info: PortInfo, operation, index: FacetIndex, taken: set[str],
+          notes: list[str]) -> OperationTool:
+    context = f"{operation.name}"
+    inputs = SchemaBuilder(index, "input")
+    input_schema = inputs.message(operation.input.body if operation.input else None, f"{context} input")
+    if operation.output is not None:
+        outputs = SchemaBuilder(index, "output")
+        output_schema = outputs.message(operation.output.body, f"{context} output")
+        notes.extend(outputs.notes)
+    else:
+        output_schema = {"type": "object", "properties": {}, "description": "one-way operation: no response"}
+    notes.extend(inputs.notes)
+    header = getattr(operation.input, "header", None)
+    if header is not None and getattr(header.type, "_element", None):
+        names = [name for name, _ in header.type.elements]
+        notes.append(f"{context}: SOAP header parts {', '.join(names)} are not exposed as arguments")
+    faults = tuple(sorted(operation.faults)) if getattr(operation, "faults", None) else ()
+    name = tool_name(backend_id, operation.name, taken)
+    description = describe_operation(operation.name, info.service, index.operation_docs.get(operation.name, ""),
+                                     input_schema, faults)
+    return OperationTool(name=name, operation=operation.name, description=description, input_schema=input_schema,
+                         output_schema=output_schema, faults=faults, style=operation.style or "document",
+                         soap_action=operation.soapaction or "")

@@ -1,0 +1,67 @@
+"""What an imported WSDL offers: one tool per operation of the chosen port. No I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Catalog", "FailedOperation", "OperationTool", "PortInfo", "describe_operation"]
+
+
+@dataclass(frozen=True)
+class PortInfo:
+    service: str
+    port: str
+    binding: str
+    soap_version: str  # "1.1", "1.2", or "" for a non-SOAP binding (HTTP GET/POST)
+    address: str
+
+
+@dataclass(frozen=True)
+class OperationTool:
+    name: str  # tool name, e.g. billing.get_invoice
+    operation: str  # the WSDL operation name
+    description: str
+    input_schema: dict
+    output_schema: dict
+    faults: tuple[str, ...] = ()
+    style: str = "document"
+    soap_action: str = ""
+
+
+@dataclass(frozen=True)
+class FailedOperation:
+    operation: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    backend_id: str
+    wsdl_hash: str
+    revision: int
+    location: str
+    port: PortInfo
+    ports: tuple[PortInfo, ...]
+    tools: tuple[OperationTool, ...]
+    failed: tuple[FailedOperation, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def tool(self, name_or_operation: str) -> OperationTool | None:
+        for tool in self.tools:
+            if name_or_operation in (tool.name, tool.operation):
+                return tool
+        return None
+
+
+def describe_operation(operation: str, service: str, documentation: str, input_schema: dict,
+                       faults: tuple[str, ...]) -> str:
+    """The WSDL's own words when it has some, else a sentence naming the operation and its parameters."""
+    params = list(input_schema.get("properties", {}))
+    if documentation:
+        text = documentation
+    else:
+        text = f"Calls the SOAP operation {operation} of the {service} service"
+        text += f" with {', '.join(params)}." if params else " (no parameters)."
+    if faults:
+        text += f" Declared faults: {', '.join(faults)}."
+    return text[:1000]

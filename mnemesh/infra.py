@@ -46,11 +46,17 @@ class EmbeddedProcess:
     cmd: list[str] = field(default_factory=list)
     guard: dict = field(default_factory=dict)  # guarded() options: parent-death signal, user
 
-    def kill_orphans(self) -> None:
+    def kill_orphans(self) -> bool:
         """Kill what the exited server left running in its process group (PostgreSQL backends outlive a
-        SIGKILLed postmaster and hold its shared memory, so a new one would refuse to start)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        SIGKILLed postmaster and hold its shared memory, so a new one would refuse to start).
+        True once nothing of the group is left."""
+        try:
             os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
 
     def respawn(self) -> None:
         """Start the server again, as it was first started (same command, data, port and log)."""

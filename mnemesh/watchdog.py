@@ -40,6 +40,7 @@ class _Watched:
     restarts: int = 0
     failures_in_a_row: int = 0
     restart_at: float | None = None
+    orphans_deadline: float = 0.0
 
 
 @dataclass
@@ -63,7 +64,9 @@ class Watchdog:
         now = time.monotonic()
         for w in self.watched.values():
             if w.restart_at is not None:
-                if now >= w.restart_at:
+                if now >= w.restart_at and not w.proc.kill_orphans() and now < w.orphans_deadline:
+                    w.restart_at = now + 0.2  # its orphans are still exiting: start once they are gone
+                elif now >= w.restart_at:
                     w.proc.respawn()
                     w.started_at, w.restart_at = now, None
                     self.say(f"  embedded {w.proc.name} started again (pid {w.proc.process.pid}, "
@@ -73,6 +76,7 @@ class Watchdog:
             if code is None:
                 continue
             w.proc.kill_orphans()
+            w.orphans_deadline = now + 10.0  # never wait on them for ever (unreaped zombies stay in the group)
             w.failures_in_a_row = 0 if now - w.started_at > 60 else w.failures_in_a_row + 1
             delay = min(30.0, 0.5 * 2 ** max(0, w.failures_in_a_row - 1))
             w.restarts += 1

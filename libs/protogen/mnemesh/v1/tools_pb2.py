@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mnemesh/v1/tools.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17mnemesh/v1/common.proto\"9\n\x13RegisterToolRequest\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"5\n\x14RegisterToolResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"V\n\x10ListToolsRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x17\n\x0fwith_experience\x18\x02 \x01(\x08\"8\n\x11ListToolsResponse\x12#\n\x05tools\x18\x01 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xb3\x01\n\x0f\x43\x61llToolRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08\x63hain_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x06 \x01(\x01\"\xb1\x01\n\x10\x43\x61llToolResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x14\n\x0cresource_uri\x18\x05 \x01(\t\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\"\x15\n\x13ListBackendsRequest\"b\n\x07\x42\x61\x63kend\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"=\n\x14ListBackendsResponse\x12%\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.mnemesh.v1.Backend\"b\n\rInvokeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"a\n\x0eInvokeResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail2\xf1\x01\n\x0bToolGateway\x12Q\n\x0cRegisterTool\x12\x1f.mnemesh.v1.RegisterToolRequest\x1a .mnemesh.v1.RegisterToolResponse\x12H\n\tListTools\x12\x1c.mnemesh.v1.ListToolsRequest\x1a\x1d.mnemesh.v1.ListToolsResponse\x12\x45\n\x08\x43\x61llTool\x12\x1b.mnemesh.v1.CallToolRequest\x1a\x1c.mnemesh.v1.CallToolResponse2\x9d\x01\n\x07\x41\x64\x61pter\x12Q\n\x0cListBackends\x12\x1f.mnemesh.v1.ListBackendsRequest\x1a .mnemesh.v1.ListBackendsResponse\x12?\n\x06Invoke\x12\x19.mnemesh.v1.InvokeRequest\x1a\x1a.mnemesh.v1.InvokeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mnemesh/v1/tools.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17mnemesh/v1/common.proto\"9\n\x13RegisterToolRequest\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"5\n\x14RegisterToolResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"V\n\x10ListToolsRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x17\n\x0fwith_experience\x18\x02 \x01(\x08\"8\n\x11ListToolsResponse\x12#\n\x05tools\x18\x01 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xc4\x01\n\x0f\x43\x61llToolRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08\x63hain_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07\x63ontext\x18\x07 \x01(\t\"\xe6\x01\n\x10\x43\x61llToolResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x14\n\x0cresource_uri\x18\x05 \x01(\t\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x11\n\tserved_by\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\"\x15\n\x13ListBackendsRequest\"b\n\x07\x42\x61\x63kend\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"=\n\x14ListBackendsResponse\x12%\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.mnemesh.v1.Backend\"b\n\rInvokeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"a\n\x0eInvokeResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail2\xf1\x01\n\x0bToolGateway\x12Q\n\x0cRegisterTool\x12\x1f.mnemesh.v1.RegisterToolRequest\x1a .mnemesh.v1.RegisterToolResponse\x12H\n\tListTools\x12\x1c.mnemesh.v1.ListToolsRequest\x1a\x1d.mnemesh.v1.ListToolsResponse\x12\x45\n\x08\x43\x61llTool\x12\x1b.mnemesh.v1.CallToolRequest\x1a\x1c.mnemesh.v1.CallToolResponse2\x9d\x01\n\x07\x41\x64\x61pter\x12Q\n\x0cListBackends\x12\x1f.mnemesh.v1.ListBackendsRequest\x1a .mnemesh.v1.ListBackendsResponse\x12?\n\x06Invoke\x12\x19.mnemesh.v1.InvokeRequest\x1a\x1a.mnemesh.v1.InvokeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,21 +43,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSRESPONSE']._serialized_start=295
   _globals['_LISTTOOLSRESPONSE']._serialized_end=351
   _globals['_CALLTOOLREQUEST']._serialized_start=354
-  _globals['_CALLTOOLREQUEST']._serialized_end=533
-  _globals['_CALLTOOLRESPONSE']._serialized_start=536
-  _globals['_CALLTOOLRESPONSE']._serialized_end=713
-  _globals['_LISTBACKENDSREQUEST']._serialized_start=715
-  _globals['_LISTBACKENDSREQUEST']._serialized_end=736
-  _globals['_BACKEND']._serialized_start=738
-  _globals['_BACKEND']._serialized_end=836
-  _globals['_LISTBACKENDSRESPONSE']._serialized_start=838
-  _globals['_LISTBACKENDSRESPONSE']._serialized_end=899
-  _globals['_INVOKEREQUEST']._serialized_start=901
-  _globals['_INVOKEREQUEST']._serialized_end=999
-  _globals['_INVOKERESPONSE']._serialized_start=1001
-  _globals['_INVOKERESPONSE']._serialized_end=1098
-  _globals['_TOOLGATEWAY']._serialized_start=1101
-  _globals['_TOOLGATEWAY']._serialized_end=1342
-  _globals['_ADAPTER']._serialized_start=1345
-  _globals['_ADAPTER']._serialized_end=1502
+  _globals['_CALLTOOLREQUEST']._serialized_end=550
+  _globals['_CALLTOOLRESPONSE']._serialized_start=553
+  _globals['_CALLTOOLRESPONSE']._serialized_end=783
+  _globals['_LISTBACKENDSREQUEST']._serialized_start=785
+  _globals['_LISTBACKENDSREQUEST']._serialized_end=806
+  _globals['_BACKEND']._serialized_start=808
+  _globals['_BACKEND']._serialized_end=906
+  _globals['_LISTBACKENDSRESPONSE']._serialized_start=908
+  _globals['_LISTBACKENDSRESPONSE']._serialized_end=969
+  _globals['_INVOKEREQUEST']._serialized_start=971
+  _globals['_INVOKEREQUEST']._serialized_end=1069
+  _globals['_INVOKERESPONSE']._serialized_start=1071
+  _globals['_INVOKERESPONSE']._serialized_end=1168
+  _globals['_TOOLGATEWAY']._serialized_start=1171
+  _globals['_TOOLGATEWAY']._serialized_end=1412
+  _globals['_ADAPTER']._serialized_start=1415
+  _globals['_ADAPTER']._serialized_end=1572
 # @@protoc_insertion_point(module_scope)

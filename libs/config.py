@@ -124,7 +124,8 @@ class Settings(BaseSettings):
     tool_breaker_open_seconds: float = Field(10.0, gt=0, description="time open before one half-open probe")
     tool_result_max_bytes: int = Field(16_384, ge=256, description="result size past which it is truncated")
     tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
-    tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers and HTTP backends")
+    tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
+    tool_adapter_token: SecretStr = Field(SecretStr(""), description="the gateway's token for Adapter.Invoke")
 
     adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")
 

@@ -9,6 +9,7 @@ import httpx2
 import pytest
 from gateway_fakes import fake_ports
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from starlette.types import Receive, Scope, Send
 
 from libs.auth import Principal, TokenVerifier, issue_token
@@ -75,9 +76,15 @@ async def test_a_truncated_result_links_to_the_whole_result_as_a_step_resource()
     local = Principal(subject="cli", tenant_id="acme", scopes=frozenset({"tools:*"}))
     async with Client(build_server(ports, local)) as client:
         result = await client.call_tool(SPEC.name, {"id": "7"})
+        link = result.content[1]
+        whole = await client.read_resource(link.uri)
     assert not result.is_error and result.structured_content["truncated"] is True
-    link = result.content[1]
     assert link.type == "resource_link" and link.uri.startswith("mem://step/")
+    assert json.loads(whole.contents[0].text) == {"rows": ["x" * 50] * 20}
+    other = Principal(subject="cli", tenant_id="globex", scopes=frozenset({"tools:*"}))
+    async with Client(build_server(ports, other)) as client:
+        with pytest.raises(MCPError):  # another tenant cannot read it
+            await client.read_resource(link.uri)
 
 
 # --- HTTP authentication ------------------------------------------------------------------------------------

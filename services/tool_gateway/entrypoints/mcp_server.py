@@ -41,6 +41,7 @@ __all__ = ["CALL_SCOPE", "LIST_SCOPE", "PATH", "build_server", "error_result", "
            "tool_to_mcp"]
 
 PATH = "/mcp"
+STEP_PREFIX = "mem://step/"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 
@@ -132,8 +133,30 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None) -> 
             return error_result(_unavailable(exc))
         return outcome_result(outcome, outcome.has_output_schema)
 
+    async def list_templates(ctx: ServerRequestContext,
+                             params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
+            name="step", uri_template="mem://step/{call_id}", mime_type="application/json",
+            description="The whole result of a tool call whose answer was truncated (your tenant's only)")])
+
+    async def read_resource(ctx: ServerRequestContext,
+                            params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        caller = _caller(ctx, local_principal)
+        uri = str(params.uri)
+        step_id = uri.removeprefix(STEP_PREFIX)
+        text = None
+        if caller is not None and uri.startswith(STEP_PREFIX) and step_id:
+            text = await ports.results.get(caller.tenant_id or pipeline.SYSTEM_TENANT, step_id)
+        if text is None:  # another tenant's result is as absent as an expired one
+            raise MCPError(types.INVALID_PARAMS, f"no resource {uri[:200]}",
+                           {"error_type": "not_found", "field": "uri", "reason": "no such step result (or it expired)",
+                            "retryable": False, "hint": "call the tool again"})
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text,
+                                                                             mime_type="application/json")])
+
     return Server("mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
-                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers)
+                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
+                  on_list_resource_templates=list_templates, on_read_resource=read_resource)
 
 
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]

@@ -113,6 +113,19 @@ class Settings(BaseSettings):
     # "tool-gateway:*,mcp.example.com"; the Origin headers browsers may send from those hosts.
     mcp_allowed_hosts: str = ""
     mcp_allowed_origins: str = ""
+    # The tool-gateway's call pipeline: token buckets shared in Redis (calls per second, burst twice
+    # that), circuit breakers shared in Redis, results above the cap stored and linked (mem://step/<id>).
+    tool_rate_per_caller: float = Field(50.0, gt=0, description="calls/s one caller may make (all tools)")
+    tool_rate_per_tool: float = Field(500.0, gt=0, description="calls/s one tool takes (all callers)")
+    tool_breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a tool's breaker")
+    tool_breaker_error_rate: float = Field(0.5, gt=0, le=1, description="error share over the window that opens it")
+    tool_breaker_min_calls: int = Field(20, ge=1, description="calls in the window before the error rate counts")
+    tool_breaker_window_seconds: float = Field(30.0, gt=0)
+    tool_breaker_open_seconds: float = Field(10.0, gt=0, description="time open before one half-open probe")
+    tool_result_max_bytes: int = Field(16_384, ge=256, description="result size past which it is truncated")
+    tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
+    tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
+    tool_adapter_token: SecretStr = Field(SecretStr(""), description="the gateway's token for Adapter.Invoke")
 
     adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")
     # The tool-gateway the adapter registers its tools with (default: host and tool-gateway gRPC port),

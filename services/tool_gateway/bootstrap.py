@@ -2,23 +2,62 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import httpx
+
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
 from libs.runtime import ServiceContext
+from services.tool_gateway.adapters.backends import BackendRouter
+from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
+from services.tool_gateway.adapters.backends.http import HttpBackend
 from services.tool_gateway.adapters.experience import project_tool_event
-from services.tool_gateway.adapters.postgres import PostgresRegistry
+from services.tool_gateway.adapters.federated import FederatedRegistry
+from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
+from services.tool_gateway.adapters.redis_state import (
+    BreakerSettings,
+    RedisBreakers,
+    RedisRateLimiter,
+    RedisResultStore,
+)
+from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
 from services.tool_gateway.entrypoints import grpc_api, mcp_server
+from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 
 NAME = "tool-gateway"
 MIGRATIONS = "services.tool_gateway"
 
 
 async def bootstrap(ctx: ServiceContext) -> None:
-    registry = PostgresRegistry(ctx.db, ctx.outbox)
-    ctx.add_grpc(grpc_api.registration(registry))
-    ctx.subscribe(TOOL_EVENTS, project_tool_event)
     settings = ctx.settings
-    mcp_app = mcp_server.http_app(registry, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
+    namespace = settings.namespace
+    http = httpx.AsyncClient(follow_redirects=False, limits=httpx.Limits(max_connections=200))
+    ctx.closers.append(http.aclose)
+    upstreams = UpstreamManager()
+    ctx.closers.append(upstreams.close)  # stops every upstream process
+    if settings.tool_upstreams_file:
+        for config in load_upstreams(Path(settings.tool_upstreams_file).read_text()):
+            upstreams.add(config)
+    adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}",
+                                settings.tool_adapter_token.get_secret_value())
+    ctx.closers.append(adapter.aclose)
+    ports = CallPorts(
+        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams),
+        limiter=RedisRateLimiter(ctx.bus.redis, namespace),
+        breakers=RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
+            failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
+            min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
+            open_seconds=settings.tool_breaker_open_seconds)),
+        backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
+        call_log=PostgresCallLog(ctx.db, ctx.outbox),
+        results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
+        policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
+                          result_max_bytes=settings.tool_result_max_bytes),
+    )
+    ctx.add_grpc(grpc_api.registration(ports))
+    ctx.subscribe(TOOL_EVENTS, project_tool_event)
+    mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins)
 
     async def serve_mcp() -> None:

@@ -196,7 +196,7 @@ def test_the_tool_gateway_refuses_a_tool_whose_example_breaks_its_schema(mesh: M
     assert "examples[0]" in caught.value.details() and "phone" in caught.value.details()
 
 
-async def test_an_agent_lists_a_registered_tool_over_mcp_and_is_told_calls_are_not_available(mesh: Mesh) -> None:
+async def test_an_agent_lists_a_registered_tool_over_mcp_and_a_call_without_backend_says_so(mesh: Mesh) -> None:
     schema = struct_pb2.Struct()
     schema.update({"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]})
     tool = common_pb2.ToolSpec(name="shop.order_status", description="The status of an order, by its id.",
@@ -210,7 +210,8 @@ async def test_an_agent_lists_a_registered_tool_over_mcp_and_is_told_calls_are_n
         listed = {t.name: t for t in (await client.list_tools()).tools}
         result = await client.call_tool("shop.order_status", {"order_id": "o-1"})
     assert listed["shop.order_status"].input_schema["required"] == ["order_id"]
-    assert result.is_error and result.structured_content["error_type"] == "unimplemented"
+    assert result.is_error and result.structured_content["error_type"] == "validation"
+    assert result.structured_content["field"] == "backend"
 
 
 def test_a_second_run_on_the_same_data_folder_is_refused_with_a_clear_message(mesh: Mesh) -> None:

@@ -189,10 +189,13 @@ async def test_an_unreachable_database_is_unavailable_and_retryable_not_internal
 
 async def test_a_declared_but_unbuilt_method_is_unimplemented_with_a_structured_error(settings: Settings) -> None:
     from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+    from libs.rpc import Registration
     from services.tool_gateway.entrypoints import grpc_api as tools_api
 
     port = free_port()
-    server = GrpcServer("127.0.0.1", port, [tools_api.registration(registry=None)], TokenVerifier(settings))
+    unbuilt = Registration(tools_pb2_grpc.add_ToolGatewayServicer_to_server, tools_pb2_grpc.ToolGatewayServicer(),
+                           "mnemesh.v1.ToolGateway", tools_api.SCOPES)  # the generated base: nothing built
+    server = GrpcServer("127.0.0.1", port, [unbuilt], TokenVerifier(settings))
     await server.start()
     try:
         async with channel(f"127.0.0.1:{port}", issue_token(settings, subject="u", tenant_id="t1",

@@ -100,9 +100,9 @@ async def drop_namespace(settings: Settings) -> None:
         await conn.close()
 
 
-@pytest.fixture
-async def gateway(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[Gateway]:
-    settings = gateway_settings(redis_url, database_url, tmp_path)
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Gateway]:
+    """A gateway served in this process until the block ends (its data is left in place)."""
     wiring = load_bootstrap(SERVICE)
     stop = asyncio.Event()
     task = asyncio.create_task(run_service(SERVICE, settings, wiring.bootstrap,
@@ -113,21 +113,31 @@ async def gateway(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[
             if task.done():
                 await task  # raise the failure of the service
             await anyio.sleep(0.1)
-    yield gw
-    stop.set()
-    await task
+    try:
+        yield gw
+    finally:
+        stop.set()
+        await task
+
+
+@pytest.fixture
+async def gateway(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[Gateway]:
+    settings = gateway_settings(redis_url, database_url, tmp_path)
+    async with running(settings) as gw:
+        yield gw
     await drop_namespace(settings)
 
 
 async def register(gw: Gateway, name: str, version: str = "1.0.0", *, description: str = "",
-                   input_schema: dict = CUSTOMER_INPUT, output_schema: dict | None = None) -> None:
+                   input_schema: dict = CUSTOMER_INPUT, output_schema: dict | None = None, **fields) -> None:
     def struct(value: dict) -> struct_pb2.Struct:
         s = struct_pb2.Struct()
         s.update(value)
         return s
 
     spec = common_pb2.ToolSpec(name=name, version=version, description=description or f"Does {name} things.",
-                               input_schema=struct(input_schema), output_schema=struct(output_schema or {}))
+                               input_schema=struct(input_schema), output_schema=struct(output_schema or {}),
+                               **fields)
     async with channel(gw.grpc, gw.token("tools:admin")) as ch:
         await tools_pb2_grpc.ToolGatewayStub(ch).RegisterTool(tools_pb2.RegisterToolRequest(tool=spec),
                                                               timeout=10)
@@ -181,18 +191,16 @@ async def test_an_agent_lists_each_registered_tool_once_at_its_current_version_w
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_calling_a_registered_tool_answers_an_honest_unimplemented_error(
+async def test_a_tool_without_a_backend_this_gateway_knows_answers_a_structured_error(
     gateway: Gateway, mode: str
 ) -> None:
     await register(gateway, "crm.get_customer")
     async with mcp_client(gateway, gateway.token("tools:read", "tools:call"), mode) as client:
         result = await client.call_tool("crm.get_customer", {"customer_id": "c-7"})
     assert result.is_error
-    assert result.structured_content["error_type"] == "unimplemented"
-    assert result.structured_content["field"] == ""
-    assert result.structured_content["reason"] == "tool calls are not available yet"
+    assert (result.structured_content["error_type"], result.structured_content["field"]) == \
+        ("validation", "backend")
     assert result.structured_content["retryable"] is False
-    assert "do not retry" in result.structured_content["hint"]
     assert json.loads(result.content[0].text) == result.structured_content
 
 

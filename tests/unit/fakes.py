@@ -175,6 +175,9 @@ class FakeRegistry:
         order = {(s.name, s.version): i for i, s in enumerate(self.announced)}
         return sorted(self.tools.values(), key=lambda s: (s.name, -order[s.name, s.version]))
 
+    async def versions(self, name: str) -> list[ToolSpec]:
+        return [s for (n, _), s in self.tools.items() if n == name]
+
 
 # --- orchestrator -------------------------------------------------------------------------------------------
 

@@ -7,10 +7,9 @@ from dataclasses import replace
 import pytest
 from fakes import FakeRegistry
 
-from libs.errors import Conflict, NotFound, Unimplemented, ValidationFailed
-from services.tool_gateway.domain import CallTool, ToolSpec, current_versions, validate_spec
+from libs.errors import Conflict, ValidationFailed
+from services.tool_gateway.domain import ToolSpec, current_versions, validate_spec
 from services.tool_gateway.service_layer.handlers import (
-    call_tool,
     list_current_tools,
     list_tools,
     register_tool,
@@ -146,27 +145,3 @@ async def test_the_current_tools_come_from_the_registry() -> None:
     for version in ("1.0.0", "2.0.0"):
         await registry.register(a_spec(version=version))
     assert [s.version for s in await list_current_tools(registry)] == ["2.0.0"]
-
-
-async def test_a_call_to_a_registered_tool_is_unimplemented_and_says_not_to_retry() -> None:
-    registry = FakeRegistry()
-    await registry.register(a_spec())
-    with pytest.raises(Unimplemented) as err:
-        await call_tool(CallTool(a_spec().name, {"customer": {"id": 7}}), registry)
-    assert err.value.reason == "tool calls are not available yet"
-    assert (err.value.field, err.value.retryable) == ("", False)
-    assert "do not retry" in err.value.hint
-
-
-async def test_a_call_whose_arguments_break_the_current_schema_is_refused_naming_the_argument() -> None:
-    registry = FakeRegistry()
-    await registry.register(a_spec())
-    with pytest.raises(ValidationFailed) as err:
-        await call_tool(CallTool(a_spec().name, {"customer": {"id": "seven"}}), registry)
-    assert err.value.field == "arguments/customer/id" and "integer" in err.value.reason
-
-
-async def test_a_call_to_an_unknown_tool_is_not_found_on_the_name() -> None:
-    with pytest.raises(NotFound) as err:
-        await call_tool(CallTool("crm.nope"), FakeRegistry())
-    assert err.value.field == "name" and "crm.nope" in err.value.reason

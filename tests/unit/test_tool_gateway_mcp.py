@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import httpx2
 import pytest
-from fakes import FakeRegistry
+from gateway_fakes import fake_ports
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from starlette.types import Receive, Scope, Send
 
-from libs.auth import TokenVerifier, issue_token
+from libs.auth import Principal, TokenVerifier, issue_token
 from libs.config import Settings
 from libs.errors import NotFound
 from services.tool_gateway.domain import ToolSpec
@@ -41,13 +42,49 @@ def test_a_domain_error_becomes_a_tool_result_with_is_error_and_the_same_words_a
 
 
 async def test_the_server_lists_the_registry_and_refuses_a_call_without_an_authenticated_caller() -> None:
-    registry = FakeRegistry()
-    await registry.register(SPEC)
-    async with Client(build_server(registry)) as client:
+    ports = fake_ports()
+    await ports.registry.register(SPEC)
+    async with Client(build_server(ports)) as client:
         listed = await client.list_tools()
         result = await client.call_tool(SPEC.name, {"id": "7"})
     assert [t.name for t in listed.tools] == [SPEC.name]
     assert result.is_error and result.structured_content["error_type"] == "permission_denied"
+
+
+async def test_a_call_returns_structured_content_and_the_same_compact_json_as_text() -> None:
+    ports = fake_ports()
+    await ports.registry.register(SPEC)
+
+    async def answer(arguments: dict) -> dict:
+        return {"name": "Li", "id": arguments["id"], "noise": None}
+    ports.backends.behaviours[SPEC.name] = answer
+    local = Principal(subject="cli", tenant_id="acme", scopes=frozenset({"tools:*"}))
+    async with Client(build_server(ports, local)) as client:
+        result = await client.call_tool(SPEC.name, {"id": "7"})
+    assert not result.is_error
+    assert result.structured_content == {"name": "Li", "id": "7"}
+    assert result.content[0].text == '{"name":"Li","id":"7"}'
+
+
+async def test_a_truncated_result_links_to_the_whole_result_as_a_step_resource() -> None:
+    ports = fake_ports(result_max_bytes=256)
+    await ports.registry.register(replace(SPEC, output_schema={}))
+
+    async def answer(arguments: dict) -> dict:
+        return {"rows": ["x" * 50] * 20}
+    ports.backends.behaviours[SPEC.name] = answer
+    local = Principal(subject="cli", tenant_id="acme", scopes=frozenset({"tools:*"}))
+    async with Client(build_server(ports, local)) as client:
+        result = await client.call_tool(SPEC.name, {"id": "7"})
+        link = result.content[1]
+        whole = await client.read_resource(link.uri)
+    assert not result.is_error and result.structured_content["truncated"] is True
+    assert link.type == "resource_link" and link.uri.startswith("mem://step/")
+    assert json.loads(whole.contents[0].text) == {"rows": ["x" * 50] * 20}
+    other = Principal(subject="cli", tenant_id="globex", scopes=frozenset({"tools:*"}))
+    async with Client(build_server(ports, other)) as client:
+        with pytest.raises(MCPError):  # another tenant cannot read it
+            await client.read_resource(link.uri)
 
 
 # --- HTTP authentication ------------------------------------------------------------------------------------

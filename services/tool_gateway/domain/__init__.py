@@ -1,4 +1,17 @@
-from services.tool_gateway.domain.commands import CallTool
+from services.tool_gateway.domain.calls import (
+    BackendFailed,
+    CallOutcome,
+    CallRecord,
+    CircuitOpen,
+    CleanResult,
+    RateLimited,
+    ToolCall,
+    args_sha256,
+    authorise,
+    backoff_seconds,
+    clean_result,
+    may_call,
+)
 from services.tool_gateway.domain.registry import (
     ToolSpec,
     current_versions,
@@ -6,4 +19,6 @@ from services.tool_gateway.domain.registry import (
     validate_spec,
 )
 
-__all__ = ["CallTool", "ToolSpec", "current_versions", "validate_arguments", "validate_spec"]
+__all__ = ["BackendFailed", "CallOutcome", "CallRecord", "CircuitOpen", "CleanResult", "RateLimited",
+           "ToolCall", "ToolSpec", "args_sha256", "authorise", "backoff_seconds", "clean_result", "current_versions",
+           "may_call", "validate_arguments", "validate_spec"]

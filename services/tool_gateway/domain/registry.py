@@ -10,7 +10,7 @@ from jsonschema.exceptions import SchemaError
 from libs.errors import ValidationFailed
 from libs.safe_schema import SafeValidator, UnsupportedPattern, check_schema
 
-__all__ = ["ToolSpec", "current_versions", "validate_arguments", "validate_spec"]
+__all__ = ["ToolSpec", "current_versions", "pick_version", "validate_arguments", "validate_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -103,3 +103,10 @@ def current_versions(specs: list[ToolSpec]) -> list[ToolSpec]:
         if spec.name not in current or _version_key(spec) > _version_key(current[spec.name]):
             current[spec.name] = spec
     return [current[name] for name in sorted(current)]
+
+
+def pick_version(specs: list[ToolSpec], version: str = "") -> ToolSpec | None:
+    """`version` when named, else the highest; None when there is no such version."""
+    if version:
+        return next((s for s in specs if s.version == version), None)
+    return max(specs, key=_version_key, default=None)

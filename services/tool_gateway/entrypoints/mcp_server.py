@@ -1,12 +1,15 @@
 """MCP for agents (Streamable HTTP at /mcp), on the official SDK's low-level server: translate only.
 
-- tools/list offers each registered tool once, at its current version (handlers.list_current_tools);
-- tools/call goes to handlers.call_tool; its structured errors come back as tool results with
-  `isError` (structuredContent `{error_type, field, reason, retryable, hint}` plus the same JSON as
-  text), which is what an agent reads and relays. Until the call pipeline exists every call ends so.
+- tools/list offers each registered tool the caller may call once, at its current version
+  (handlers.list_current_tools);
+- tools/call goes through the one call pipeline (service_layer.pipeline.call_tool); a result comes
+  back as structuredContent plus the same compact JSON as text (and a resource link to the whole
+  result when it was truncated); a refusal or failure as a tool result with `isError`
+  (structuredContent `{error_type, field, reason, retryable, hint}` plus the same JSON as text),
+  which is what an agent reads and relays.
 
 Authentication happens before MCP (mcp_auth.BearerAuth): the endpoint needs `tools:read`;
-calling needs `tools:call` as well, checked here. The endpoint is stateless (no MCP session lives
+calling needs `tools:call` and the tool's own scopes, checked in the pipeline. The endpoint is stateless (no MCP session lives
 in the process), so any replica can answer any request.
 """
 
@@ -27,21 +30,24 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
-from services.tool_gateway.domain import CallTool, ToolSpec
+from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec
+from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
-from services.tool_gateway.service_layer import handlers
-from services.tool_gateway.service_layer.ports import Registry
+from services.tool_gateway.service_layer import handlers, pipeline
+from services.tool_gateway.service_layer.pipeline import CallPorts
 
-__all__ = ["CALL_SCOPE", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app", "tool_to_mcp"]
+__all__ = ["CALL_SCOPE", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app", "outcome_result",
+           "tool_to_mcp"]
 
 PATH = "/mcp"
+STEP_PREFIX = "mem://step/"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 
-INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. Listing works; calling does not yet: "
-                "tools/call answers isError with error_type 'unimplemented' (or 'not_found' for an unknown "
-                "name), so do not retry a call and do not invent its result.")
+INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed call answers isError with a "
+                "structured error {error_type, field, reason, retryable, hint}: retry only when retryable is "
+                "true, fix the named field otherwise, and never invent a result.")
 
 
 def tool_to_mcp(spec: ToolSpec) -> types.Tool:
@@ -55,13 +61,37 @@ def error_result(error: DomainError) -> types.CallToolResult:
                                 structured_content=detail, is_error=True)
 
 
+def outcome_result(outcome: CallOutcome, spec_has_output_schema: bool) -> types.CallToolResult:
+    """A pipeline outcome as an MCP tool result."""
+    if outcome.error is not None:
+        return error_result(outcome.error)
+    result = outcome.result
+    assert result is not None
+    content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
+    if outcome.resource_uri:
+        content.append(types.ResourceLink(uri=outcome.resource_uri, name=f"result of {outcome.tool}",
+                                          mime_type="application/json",
+                                          description="the whole result; this answer was truncated"))
+        if spec_has_output_schema:
+            # A preview cannot match the tool's output schema, which clients check: say so instead.
+            detail = {"error_type": "result_too_large", "field": "", "retryable": False,
+                      "reason": f"the result ({result.value.get('total_bytes')} bytes) is over the gateway's cap",
+                      "hint": f"read the whole result as the resource {outcome.resource_uri}"}
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail)), content[1]],
+                                        structured_content=detail, is_error=True)
+    return types.CallToolResult(content=content, structured_content=result.value, is_error=False)
+
+
 def _unavailable(exc: BaseException) -> Unavailable:
     return Unavailable(f"a dependency is unreachable ({type(exc).__name__})",
                        hint="retry with backoff; operators: check PostgreSQL")
 
 
-def _caller(ctx: ServerRequestContext[Any, Any]) -> Principal | None:
-    user = ctx.request.scope.get("user") if ctx.request is not None else None
+def _caller(ctx: ServerRequestContext[Any, Any], local: Principal | None) -> Principal | None:
+    """The HTTP request's authenticated caller; on stdio (no request) the process's own principal."""
+    if ctx.request is None:
+        return local
+    user = ctx.request.scope.get("user")
     return user.principal if isinstance(user, Caller) else None
 
 
@@ -72,14 +102,17 @@ def _no_param_headers(name: str) -> None:
     them here and no call runs yet. Without this the SDK would run a whole tools/list (a registry
     query) for every call just to find the schema. The call pipeline should check them.
     """
-    return None
+    return
 
 
-def build_server(registry: Registry) -> Server:
+def build_server(ports: CallPorts, local_principal: Principal | None = None) -> Server:
+    """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process)."""
+    registry = ports.registry
+
     async def list_tools(ctx: ServerRequestContext,
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         try:
-            specs = await handlers.list_current_tools(registry)
+            specs = await handlers.list_current_tools(registry, _caller(ctx, local_principal))
         except TRANSIENT_ERRORS as exc:
             error = _unavailable(exc)
             raise MCPError(types.INTERNAL_ERROR, f"{error.error_type}: {error.reason}",
@@ -88,20 +121,42 @@ def build_server(registry: Registry) -> Server:
 
     async def call_tool(ctx: ServerRequestContext,
                         params: types.CallToolRequestParams) -> types.CallToolResult:
-        caller = _caller(ctx)
+        caller = _caller(ctx, local_principal)
+        if caller is None:
+            return error_result(PermissionDenied("the request carries no authenticated caller",
+                                                 field="authorization", hint="send a bearer token"))
+        call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
+                        trace_id=current_trace_id())
         try:
-            if caller is None or not caller.has_scope(CALL_SCOPE):
-                raise PermissionDenied(f"the token lacks the scope {CALL_SCOPE!r}", field="authorization",
-                                       hint=f"ask for a token with scope {CALL_SCOPE}")
-            # Always raises for now: nothing runs a tool until the call pipeline exists.
-            await handlers.call_tool(CallTool(params.name, dict(params.arguments or {})), registry)
-        except DomainError as exc:
-            return error_result(exc)
-        except TRANSIENT_ERRORS as exc:
+            outcome = await pipeline.call_tool(call, ports)
+        except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
             return error_result(_unavailable(exc))
+        return outcome_result(outcome, outcome.has_output_schema)
+
+    async def list_templates(ctx: ServerRequestContext,
+                             params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
+            name="step", uri_template="mem://step/{call_id}", mime_type="application/json",
+            description="The whole result of a tool call whose answer was truncated (your tenant's only)")])
+
+    async def read_resource(ctx: ServerRequestContext,
+                            params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        caller = _caller(ctx, local_principal)
+        uri = str(params.uri)
+        step_id = uri.removeprefix(STEP_PREFIX)
+        text = None
+        if caller is not None and uri.startswith(STEP_PREFIX) and step_id:
+            text = await ports.results.get(caller.tenant_id or pipeline.SYSTEM_TENANT, step_id)
+        if text is None:  # another tenant's result is as absent as an expired one
+            raise MCPError(types.INVALID_PARAMS, f"no resource {uri[:200]}",
+                           {"error_type": "not_found", "field": "uri", "reason": "no such step result (or it expired)",
+                            "retryable": False, "hint": "call the tool again"})
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text,
+                                                                             mime_type="application/json")])
 
     return Server("mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
-                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers)
+                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
+                  on_list_resource_templates=list_templates, on_read_resource=read_resource)
 
 
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -130,7 +185,7 @@ class PostOnly:
         await self.app(scope, receive, send)
 
 
-def http_app(registry: Registry, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
+def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
              allowed_origins: str = "") -> ASGIApp:
     """The ASGI app: bearer authentication, then POST only, then JSON-RPC envelope checks, then the SDK.
 
@@ -139,7 +194,7 @@ def http_app(registry: Registry, verifier: TokenVerifier | None, *, allowed_host
     one or one of `allowed_hosts` (MNEMESH_MCP_ALLOWED_HOSTS), and an Origin, when sent, one of
     the loopback origins or `allowed_origins`.
     """
-    server = build_server(registry)
+    server = build_server(ports)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])

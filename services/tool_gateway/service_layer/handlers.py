@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import NoReturn
 
-from libs.errors import Conflict, NotFound, Unimplemented
-from services.tool_gateway.domain import (
-    CallTool,
-    ToolSpec,
-    current_versions,
-    validate_arguments,
-    validate_spec,
-)
+from libs.auth import Principal
+from libs.errors import Conflict
+from services.tool_gateway.domain import ToolSpec, current_versions, validate_spec
 from services.tool_gateway.service_layer.ports import Registry
 
-__all__ = ["call_tool", "list_current_tools", "list_tools", "register_tool"]
+__all__ = ["list_current_tools", "list_tools", "register_tool", "visible_to"]
 
 
 async def register_tool(spec: ToolSpec, registry: Registry) -> ToolSpec:
@@ -32,21 +26,11 @@ async def list_tools(registry: Registry) -> list[ToolSpec]:
     return await registry.list()
 
 
-async def list_current_tools(registry: Registry) -> list[ToolSpec]:
-    """What an agent is offered: each tool once, at its current version."""
-    return current_versions(await list_tools(registry))
+def visible_to(spec: ToolSpec, principal: Principal | None) -> bool:
+    """A tool is shown only to callers holding every scope it declares (None: no caller to filter by)."""
+    return principal is None or all(principal.has_scope(s) for s in spec.scopes)
 
 
-async def call_tool(command: CallTool, registry: Registry) -> NoReturn:
-    """Refuse every call, saying why: the call pipeline (policy, backends) is not built yet.
-
-    An unknown name and invalid arguments are still told apart, so an agent can correct them today.
-    """
-    spec = next((s for s in current_versions(await registry.list()) if s.name == command.name), None)
-    if spec is None:
-        raise NotFound(f"no tool named {command.name!r} is registered", field="name",
-                       hint="list the tools (MCP tools/list, gRPC ListTools) and use one of their names")
-    await asyncio.to_thread(validate_arguments, spec, command.arguments)
-    raise Unimplemented("tool calls are not available yet",
-                        hint="do not retry: the gateway lists tools but cannot run them until its call "
-                             "pipeline is built (README, section MCP)")
+async def list_current_tools(registry: Registry, principal: Principal | None = None) -> list[ToolSpec]:
+    """What an agent is offered: each tool it may call once, at its current version."""
+    return [s for s in current_versions(await list_tools(registry)) if visible_to(s, principal)]

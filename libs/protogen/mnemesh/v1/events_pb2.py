@@ -23,31 +23,32 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xd9\x01\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\"r\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\"v\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xbb\x02\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x0f\n\x07\x63ontext\x18\n \x01(\t\x12*\n\targuments\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tserved_by\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\x05\"r\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\"v\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mnemesh.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTENVELOPE']._serialized_start=98
-  _globals['_EVENTENVELOPE']._serialized_end=327
-  _globals['_MEMORYWRITTEN']._serialized_start=329
-  _globals['_MEMORYWRITTEN']._serialized_end=397
-  _globals['_MEMORYFORGOTTEN']._serialized_start=399
-  _globals['_MEMORYFORGOTTEN']._serialized_end=495
-  _globals['_MEMORYACCESSED']._serialized_start=498
-  _globals['_MEMORYACCESSED']._serialized_end=626
-  _globals['_TOOLREGISTERED']._serialized_start=628
-  _globals['_TOOLREGISTERED']._serialized_end=680
-  _globals['_TOOLCALLED']._serialized_start=683
-  _globals['_TOOLCALLED']._serialized_end=900
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=902
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=1016
-  _globals['_SESSIONSTATECHANGED']._serialized_start=1018
-  _globals['_SESSIONSTATECHANGED']._serialized_end=1136
+  _globals['_EVENTENVELOPE']._serialized_start=128
+  _globals['_EVENTENVELOPE']._serialized_end=357
+  _globals['_MEMORYWRITTEN']._serialized_start=359
+  _globals['_MEMORYWRITTEN']._serialized_end=427
+  _globals['_MEMORYFORGOTTEN']._serialized_start=429
+  _globals['_MEMORYFORGOTTEN']._serialized_end=525
+  _globals['_MEMORYACCESSED']._serialized_start=528
+  _globals['_MEMORYACCESSED']._serialized_end=656
+  _globals['_TOOLREGISTERED']._serialized_start=658
+  _globals['_TOOLREGISTERED']._serialized_end=710
+  _globals['_TOOLCALLED']._serialized_start=713
+  _globals['_TOOLCALLED']._serialized_end=1028
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=1030
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=1144
+  _globals['_SESSIONSTATECHANGED']._serialized_start=1146
+  _globals['_SESSIONSTATECHANGED']._serialized_end=1264
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mnemesh/v1/tools.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17mnemesh/v1/common.proto\"9\n\x13RegisterToolRequest\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"5\n\x14RegisterToolResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"V\n\x10ListToolsRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x17\n\x0fwith_experience\x18\x02 \x01(\x08\"8\n\x11ListToolsResponse\x12#\n\x05tools\x18\x01 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xb3\x01\n\x0f\x43\x61llToolRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08\x63hain_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x06 \x01(\x01\"\xb1\x01\n\x10\x43\x61llToolResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x14\n\x0cresource_uri\x18\x05 \x01(\t\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\"\x15\n\x13ListBackendsRequest\"d\n\x0b\x41\x64\x61pterPort\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x62inding\x18\x03 \x01(\t\x12\x14\n\x0csoap_version\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"4\n\x0f\x46\x61iledOperation\x12\x11\n\toperation\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x92\x02\n\x07\x42\x61\x63kend\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\x12\x11\n\twsdl_hash\x18\x05 \x01(\t\x12\x10\n\x08revision\x18\x06 \x01(\x05\x12%\n\x04port\x18\x07 \x01(\x0b\x32\x17.mnemesh.v1.AdapterPort\x12&\n\x05ports\x18\x08 \x03(\x0b\x32\x17.mnemesh.v1.AdapterPort\x12+\n\x06\x66\x61iled\x18\t \x03(\x0b\x32\x1b.mnemesh.v1.FailedOperation\x12\r\n\x05notes\x18\n \x03(\t\"=\n\x14ListBackendsResponse\x12%\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.mnemesh.v1.Backend\";\n\x0fOperationPolicy\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12\x0f\n\x07retries\x18\x02 \x01(\x05\"\xa3\x02\n\rImportOptions\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x61llow_remote\x18\x04 \x01(\x08\x12\x13\n\x0b\x63redentials\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07retries\x18\x07 \x01(\x05\x12=\n\noperations\x18\x08 \x03(\x0b\x32).mnemesh.v1.ImportOptions.OperationsEntry\x1aN\n\x0fOperationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.mnemesh.v1.OperationPolicy:\x02\x38\x01\"\x95\x02\n\x11ImportWsdlRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x12\n\x08\x64ocument\x18\x03 \x01(\x0cH\x00\x12\x0e\n\x04path\x18\x04 \x01(\tH\x00\x12\x10\n\x08\x62\x61se_url\x18\x05 \x01(\t\x12?\n\tdocuments\x18\x06 \x03(\x0b\x32,.mnemesh.v1.ImportWsdlRequest.DocumentsEntry\x12*\n\x07options\x18\x07 \x01(\x0b\x32\x19.mnemesh.v1.ImportOptions\x1a\x30\n\x0e\x44ocumentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x42\x08\n\x06source\"j\n\x12ImportWsdlResponse\x12$\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.mnemesh.v1.Backend\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x1a\n\x12registration_error\x18\x03 \x01(\t\"%\n\x0f\x44\x65scribeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"8\n\x10\x44\x65scribeResponse\x12$\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.mnemesh.v1.Backend\"!\n\x0b\x44ropRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"7\n\x0c\x44ropResponse\x12\r\n\x05tools\x18\x01 \x03(\t\x12\x18\n\x10unregister_error\x18\x02 \x01(\t\"b\n\rInvokeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9d\x01\n\x0eInvokeResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12&\n\x05\x66\x61ult\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nlatency_ms\x18\x04 \x01(\x01\x32\xf1\x01\n\x0bToolGateway\x12Q\n\x0cRegisterTool\x12\x1f.mnemesh.v1.RegisterToolRequest\x1a .mnemesh.v1.RegisterToolResponse\x12H\n\tListTools\x12\x1c.mnemesh.v1.ListToolsRequest\x1a\x1d.mnemesh.v1.ListToolsResponse\x12\x45\n\x08\x43\x61llTool\x12\x1b.mnemesh.v1.CallToolRequest\x1a\x1c.mnemesh.v1.CallToolResponse2\xec\x02\n\x07\x41\x64\x61pter\x12Q\n\x0cListBackends\x12\x1f.mnemesh.v1.ListBackendsRequest\x1a .mnemesh.v1.ListBackendsResponse\x12?\n\x06Invoke\x12\x19.mnemesh.v1.InvokeRequest\x1a\x1a.mnemesh.v1.InvokeResponse\x12K\n\nImportWsdl\x12\x1d.mnemesh.v1.ImportWsdlRequest\x1a\x1e.mnemesh.v1.ImportWsdlResponse\x12\x45\n\x08\x44\x65scribe\x12\x1b.mnemesh.v1.DescribeRequest\x1a\x1c.mnemesh.v1.DescribeResponse\x12\x39\n\x04\x44rop\x12\x17.mnemesh.v1.DropRequest\x1a\x18.mnemesh.v1.DropResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mnemesh/v1/tools.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17mnemesh/v1/common.proto\"9\n\x13RegisterToolRequest\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"5\n\x14RegisterToolResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"V\n\x10ListToolsRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x17\n\x0fwith_experience\x18\x02 \x01(\x08\"8\n\x11ListToolsResponse\x12#\n\x05tools\x18\x01 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xc4\x01\n\x0f\x43\x61llToolRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08\x63hain_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07\x63ontext\x18\x07 \x01(\t\"\xe6\x01\n\x10\x43\x61llToolResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x14\n\x0cresource_uri\x18\x05 \x01(\t\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x11\n\tserved_by\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\"\x15\n\x13ListBackendsRequest\"d\n\x0b\x41\x64\x61pterPort\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x62inding\x18\x03 \x01(\t\x12\x14\n\x0csoap_version\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"4\n\x0f\x46\x61iledOperation\x12\x11\n\toperation\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x92\x02\n\x07\x42\x61\x63kend\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.mnemesh.v1.ToolSpec\x12\x11\n\twsdl_hash\x18\x05 \x01(\t\x12\x10\n\x08revision\x18\x06 \x01(\x05\x12%\n\x04port\x18\x07 \x01(\x0b\x32\x17.mnemesh.v1.AdapterPort\x12&\n\x05ports\x18\x08 \x03(\x0b\x32\x17.mnemesh.v1.AdapterPort\x12+\n\x06\x66\x61iled\x18\t \x03(\x0b\x32\x1b.mnemesh.v1.FailedOperation\x12\r\n\x05notes\x18\n \x03(\t\"=\n\x14ListBackendsResponse\x12%\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x13.mnemesh.v1.Backend\";\n\x0fOperationPolicy\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12\x0f\n\x07retries\x18\x02 \x01(\x05\"\xa3\x02\n\rImportOptions\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x61llow_remote\x18\x04 \x01(\x08\x12\x13\n\x0b\x63redentials\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07retries\x18\x07 \x01(\x05\x12=\n\noperations\x18\x08 \x03(\x0b\x32).mnemesh.v1.ImportOptions.OperationsEntry\x1aN\n\x0fOperationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.mnemesh.v1.OperationPolicy:\x02\x38\x01\"\x95\x02\n\x11ImportWsdlRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x12\n\x08\x64ocument\x18\x03 \x01(\x0cH\x00\x12\x0e\n\x04path\x18\x04 \x01(\tH\x00\x12\x10\n\x08\x62\x61se_url\x18\x05 \x01(\t\x12?\n\tdocuments\x18\x06 \x03(\x0b\x32,.mnemesh.v1.ImportWsdlRequest.DocumentsEntry\x12*\n\x07options\x18\x07 \x01(\x0b\x32\x19.mnemesh.v1.ImportOptions\x1a\x30\n\x0e\x44ocumentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x42\x08\n\x06source\"j\n\x12ImportWsdlResponse\x12$\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.mnemesh.v1.Backend\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x1a\n\x12registration_error\x18\x03 \x01(\t\"%\n\x0f\x44\x65scribeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"8\n\x10\x44\x65scribeResponse\x12$\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x13.mnemesh.v1.Backend\"!\n\x0b\x44ropRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\"7\n\x0c\x44ropResponse\x12\r\n\x05tools\x18\x01 \x03(\t\x12\x18\n\x10unregister_error\x18\x02 \x01(\t\"b\n\rInvokeRequest\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9d\x01\n\x0eInvokeResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12&\n\x05\x66\x61ult\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nlatency_ms\x18\x04 \x01(\x01\x32\xf1\x01\n\x0bToolGateway\x12Q\n\x0cRegisterTool\x12\x1f.mnemesh.v1.RegisterToolRequest\x1a .mnemesh.v1.RegisterToolResponse\x12H\n\tListTools\x12\x1c.mnemesh.v1.ListToolsRequest\x1a\x1d.mnemesh.v1.ListToolsResponse\x12\x45\n\x08\x43\x61llTool\x12\x1b.mnemesh.v1.CallToolRequest\x1a\x1c.mnemesh.v1.CallToolResponse2\xec\x02\n\x07\x41\x64\x61pter\x12Q\n\x0cListBackends\x12\x1f.mnemesh.v1.ListBackendsRequest\x1a .mnemesh.v1.ListBackendsResponse\x12?\n\x06Invoke\x12\x19.mnemesh.v1.InvokeRequest\x1a\x1a.mnemesh.v1.InvokeResponse\x12K\n\nImportWsdl\x12\x1d.mnemesh.v1.ImportWsdlRequest\x1a\x1e.mnemesh.v1.ImportWsdlResponse\x12\x45\n\x08\x44\x65scribe\x12\x1b.mnemesh.v1.DescribeRequest\x1a\x1c.mnemesh.v1.DescribeResponse\x12\x39\n\x04\x44rop\x12\x17.mnemesh.v1.DropRequest\x1a\x18.mnemesh.v1.DropResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,45 +47,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSRESPONSE']._serialized_start=295
   _globals['_LISTTOOLSRESPONSE']._serialized_end=351
   _globals['_CALLTOOLREQUEST']._serialized_start=354
-  _globals['_CALLTOOLREQUEST']._serialized_end=533
-  _globals['_CALLTOOLRESPONSE']._serialized_start=536
-  _globals['_CALLTOOLRESPONSE']._serialized_end=713
-  _globals['_LISTBACKENDSREQUEST']._serialized_start=715
-  _globals['_LISTBACKENDSREQUEST']._serialized_end=736
-  _globals['_ADAPTERPORT']._serialized_start=738
-  _globals['_ADAPTERPORT']._serialized_end=838
-  _globals['_FAILEDOPERATION']._serialized_start=840
-  _globals['_FAILEDOPERATION']._serialized_end=892
-  _globals['_BACKEND']._serialized_start=895
-  _globals['_BACKEND']._serialized_end=1169
-  _globals['_LISTBACKENDSRESPONSE']._serialized_start=1171
-  _globals['_LISTBACKENDSRESPONSE']._serialized_end=1232
-  _globals['_OPERATIONPOLICY']._serialized_start=1234
-  _globals['_OPERATIONPOLICY']._serialized_end=1293
-  _globals['_IMPORTOPTIONS']._serialized_start=1296
-  _globals['_IMPORTOPTIONS']._serialized_end=1587
-  _globals['_IMPORTOPTIONS_OPERATIONSENTRY']._serialized_start=1509
-  _globals['_IMPORTOPTIONS_OPERATIONSENTRY']._serialized_end=1587
-  _globals['_IMPORTWSDLREQUEST']._serialized_start=1590
-  _globals['_IMPORTWSDLREQUEST']._serialized_end=1867
-  _globals['_IMPORTWSDLREQUEST_DOCUMENTSENTRY']._serialized_start=1809
-  _globals['_IMPORTWSDLREQUEST_DOCUMENTSENTRY']._serialized_end=1857
-  _globals['_IMPORTWSDLRESPONSE']._serialized_start=1869
-  _globals['_IMPORTWSDLRESPONSE']._serialized_end=1975
-  _globals['_DESCRIBEREQUEST']._serialized_start=1977
-  _globals['_DESCRIBEREQUEST']._serialized_end=2014
-  _globals['_DESCRIBERESPONSE']._serialized_start=2016
-  _globals['_DESCRIBERESPONSE']._serialized_end=2072
-  _globals['_DROPREQUEST']._serialized_start=2074
-  _globals['_DROPREQUEST']._serialized_end=2107
-  _globals['_DROPRESPONSE']._serialized_start=2109
-  _globals['_DROPRESPONSE']._serialized_end=2164
-  _globals['_INVOKEREQUEST']._serialized_start=2166
-  _globals['_INVOKEREQUEST']._serialized_end=2264
-  _globals['_INVOKERESPONSE']._serialized_start=2267
-  _globals['_INVOKERESPONSE']._serialized_end=2424
-  _globals['_TOOLGATEWAY']._serialized_start=2427
-  _globals['_TOOLGATEWAY']._serialized_end=2668
-  _globals['_ADAPTER']._serialized_start=2671
-  _globals['_ADAPTER']._serialized_end=3035
+  _globals['_CALLTOOLREQUEST']._serialized_end=550
+  _globals['_CALLTOOLRESPONSE']._serialized_start=553
+  _globals['_CALLTOOLRESPONSE']._serialized_end=783
+  _globals['_LISTBACKENDSREQUEST']._serialized_start=785
+  _globals['_LISTBACKENDSREQUEST']._serialized_end=806
+  _globals['_ADAPTERPORT']._serialized_start=808
+  _globals['_ADAPTERPORT']._serialized_end=908
+  _globals['_FAILEDOPERATION']._serialized_start=910
+  _globals['_FAILEDOPERATION']._serialized_end=962
+  _globals['_BACKEND']._serialized_start=965
+  _globals['_BACKEND']._serialized_end=1239
+  _globals['_LISTBACKENDSRESPONSE']._serialized_start=1241
+  _globals['_LISTBACKENDSRESPONSE']._serialized_end=1302
+  _globals['_OPERATIONPOLICY']._serialized_start=1304
+  _globals['_OPERATIONPOLICY']._serialized_end=1363
+  _globals['_IMPORTOPTIONS']._serialized_start=1366
+  _globals['_IMPORTOPTIONS']._serialized_end=1657
+  _globals['_IMPORTOPTIONS_OPERATIONSENTRY']._serialized_start=1579
+  _globals['_IMPORTOPTIONS_OPERATIONSENTRY']._serialized_end=1657
+  _globals['_IMPORTWSDLREQUEST']._serialized_start=1660
+  _globals['_IMPORTWSDLREQUEST']._serialized_end=1937
+  _globals['_IMPORTWSDLREQUEST_DOCUMENTSENTRY']._serialized_start=1879
+  _globals['_IMPORTWSDLREQUEST_DOCUMENTSENTRY']._serialized_end=1927
+  _globals['_IMPORTWSDLRESPONSE']._serialized_start=1939
+  _globals['_IMPORTWSDLRESPONSE']._serialized_end=2045
+  _globals['_DESCRIBEREQUEST']._serialized_start=2047
+  _globals['_DESCRIBEREQUEST']._serialized_end=2084
+  _globals['_DESCRIBERESPONSE']._serialized_start=2086
+  _globals['_DESCRIBERESPONSE']._serialized_end=2142
+  _globals['_DROPREQUEST']._serialized_start=2144
+  _globals['_DROPREQUEST']._serialized_end=2177
+  _globals['_DROPRESPONSE']._serialized_start=2179
+  _globals['_DROPRESPONSE']._serialized_end=2234
+  _globals['_INVOKEREQUEST']._serialized_start=2236
+  _globals['_INVOKEREQUEST']._serialized_end=2334
+  _globals['_INVOKERESPONSE']._serialized_start=2337
+  _globals['_INVOKERESPONSE']._serialized_end=2494
+  _globals['_TOOLGATEWAY']._serialized_start=2497
+  _globals['_TOOLGATEWAY']._serialized_end=2738
+  _globals['_ADAPTER']._serialized_start=2741
+  _globals['_ADAPTER']._serialized_end=3105
 # @@protoc_insertion_point(module_scope)

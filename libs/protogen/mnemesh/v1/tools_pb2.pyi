@@ -38,36 +38,44 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("tenant", "name", "arguments", "version", "chain_id", "deadline_seconds")
+    __slots__ = ("tenant", "name", "arguments", "version", "chain_id", "deadline_seconds", "context")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     name: str
     arguments: _struct_pb2.Struct
     version: str
     chain_id: str
     deadline_seconds: float
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., chain_id: _Optional[str] = ..., deadline_seconds: _Optional[float] = ...) -> None: ...
+    context: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., chain_id: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., context: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms")
+    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms", "outcome", "served_by", "version")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_URI_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     result: _struct_pb2.Struct
     error: _common_pb2.ErrorDetail
     truncated: bool
     resource_uri: str
     latency_ms: float
-    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+    outcome: str
+    served_by: str
+    version: str
+    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ListBackendsRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,237 @@
+"""Federated upstream MCP servers (stdio commands or Streamable HTTP URLs), kept connected.
+
+Each upstream has a supervisor task: connect with the official SDK client, list its tools, expose
+them under `<prefix>.<tool>` (domain/naming.py), then watch the connection (a ping every
+`ping_seconds`, a failed call, an upstream `tools/list_changed`). A dead upstream is reported
+(`status`), reconnected with exponential backoff, and its tools disappear from tools/list while it
+is down. Stdio processes are started and reaped by the SDK's stdio_client, which kills the whole
+process tree when the connection closes, so stopping the manager leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from libs.errors import NotFound, Unavailable
+from libs.logs import get_logger
+from services.tool_gateway.domain import BackendFailed, ToolSpec
+from services.tool_gateway.domain.naming import exposed_name
+
+__all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str  # lower_snake_case; the backend is `mcp:<name>/<tool>`
+    command: list[str] = field(default_factory=list)  # stdio: the command line
+    url: str = ""  # Streamable HTTP
+    prefix: str | None = None  # None: the name; "": no prefix
+    env: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_seconds: float = 30.0
+    scopes: tuple[str, ...] = ()
+
+
+def load_upstreams(text: str) -> list[UpstreamConfig]:
+    """`{"upstreams": [{"name": "time", "command": ["uvx", "mcp-server-time"]}, ...]}`"""
+    items = json.loads(text).get("upstreams", [])
+    return [UpstreamConfig(**{**item, "scopes": tuple(item.get("scopes", ()))}) for item in items]
+
+
+@dataclass
+class UpstreamStatus:
+    state: str = "connecting"  # "up", "down", "connecting"
+    reason: str = ""
+    restarts: int = 0
+    tools: int = 0
+
+
+class _Connection:
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.client: Client | None = None
+        self.broken = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.tools: dict[str, types.Tool] = {}  # by exposed name
+
+
+class UpstreamManager:
+    def __init__(self, *, ping_seconds: float = 5.0, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.ping_seconds, self.backoff_base, self.backoff_cap = ping_seconds, backoff_base, backoff_cap
+        self.on_change = on_change
+        self.connections: dict[str, _Connection] = {}
+        self.status: dict[str, UpstreamStatus] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._specs: dict[str, ToolSpec] = {}
+
+    # --- the registry overlay: federated tools live here, not in PostgreSQL -----------------------------
+
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs.values())
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    def _rebuild(self) -> None:
+        specs: dict[str, ToolSpec] = {}
+        for upstream, conn in sorted(self.connections.items()):
+            if self.status[upstream].state != "up":
+                continue
+            for exposed, tool in conn.tools.items():
+                specs[exposed] = ToolSpec(
+                    name=exposed, description=tool.description or f"{tool.name} (from {upstream})",
+                    input_schema=dict(tool.input_schema or {"type": "object"}),
+                    output_schema=dict(tool.output_schema or {}), version="1.0.0", scopes=conn.config.scopes,
+                    timeout_seconds=conn.config.timeout_seconds, backend=f"mcp:{upstream}/{tool.name}")
+        self._specs = specs
+        if self.on_change is not None:
+            self.on_change()
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def add(self, config: UpstreamConfig) -> None:
+        if config.name in self.connections:
+            raise ValueError(f"an upstream named {config.name!r} exists already")
+        if bool(config.command) == bool(config.url):
+            raise ValueError("an upstream needs exactly one of command (stdio) and url (Streamable HTTP)")
+        self.connections[config.name] = _Connection(config)
+        self.status[config.name] = UpstreamStatus()
+        self._tasks[config.name] = asyncio.create_task(self._supervise(config.name), name=f"upstream:{config.name}")
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _transport(self, config: UpstreamConfig, stack: contextlib.AsyncExitStack):
+        if config.command:
+            return StdioServerParameters(command=config.command[0], args=config.command[1:], env=config.env or None)
+        http = httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(config.timeout_seconds))
+        stack.push_async_callback(http.aclose)
+        return streamable_http_client(config.url, http_client=http)
+
+    async def _supervise(self, name: str) -> None:
+        conn = self.connections[name]
+        status = self.status[name]
+        failures = 0
+        while True:
+            conn.broken.clear()
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    client = await stack.enter_async_context(
+                        Client(self._transport(conn.config, stack), message_handler=self._handler(conn)))
+                    conn.client = client
+                    await self._refresh(name, conn)
+                    status.state, status.reason, failures = "up", "", 0
+                    self._rebuild()
+                    log.info("upstream connected", upstream=name, tools=len(conn.tools))
+                    await self._watch(name, conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of an upstream is a reason to reconnect
+                status.reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            finally:
+                conn.client = None
+            failures += 1
+            status.state, status.restarts = "down", status.restarts + 1
+            self._rebuild()
+            delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2 ** (failures - 1)))
+            log.warning("upstream down", upstream=name, reason=status.reason, retry_in=round(delay, 2))
+            await asyncio.sleep(delay)
+            status.state = "connecting"
+
+    async def _watch(self, name: str, conn: _Connection) -> None:
+        while True:
+            broken = asyncio.create_task(conn.broken.wait())
+            changed = asyncio.create_task(conn.changed.wait())
+            try:
+                await asyncio.wait([broken, changed], timeout=self.ping_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                broken.cancel()
+                changed.cancel()
+            if conn.broken.is_set():
+                raise ConnectionError(self.status[name].reason or "the connection broke")
+            if conn.changed.is_set():
+                conn.changed.clear()
+                await self._refresh(name, conn)
+                self._rebuild()
+                continue
+            assert conn.client is not None
+            async with asyncio.timeout(self.ping_seconds):
+                await conn.client.send_ping()
+
+    async def _refresh(self, name: str, conn: _Connection) -> None:
+        assert conn.client is not None
+        listed = await conn.client.list_tools()
+        prefix = name if conn.config.prefix is None else conn.config.prefix
+        taken = {n for other, c in self.connections.items() if other != name for n in c.tools}
+        tools: dict[str, types.Tool] = {}
+        for tool in listed.tools:
+            exposed = exposed_name(prefix, tool.name, taken | set(tools))
+            tools[exposed] = tool
+        conn.tools = tools
+        self.status[name].tools = len(tools)
+
+    def _handler(self, conn: _Connection):
+        async def handle(message) -> None:
+            if isinstance(message, Exception):
+                self.status[conn.config.name].reason = f"{type(message).__name__}: {str(message)[:200]}"
+                conn.broken.set()
+            elif isinstance(message, types.ToolListChangedNotification):
+                conn.changed.set()
+        return handle
+
+    # --- the backend -----------------------------------------------------------------------------------
+
+    async def call(self, target: str, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+        upstream, _, tool = target.partition("/")
+        conn = self.connections.get(upstream)
+        if conn is None:
+            raise NotFound(f"no upstream named {upstream!r}", field="backend", hint="operators: add the upstream")
+        if conn.client is None or self.status[upstream].state != "up":
+            raise Unavailable(f"the upstream {upstream!r} is down ({self.status[upstream].reason or 'connecting'})",
+                              hint="retry with backoff; the gateway is reconnecting it")
+        try:
+            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+        except MCPError as exc:
+            raise BackendFailed(f"the upstream refused the call: {exc.error.message[:200]}",
+                                hint="check the arguments against the tool's schema") from None
+        except (OSError, EOFError, RuntimeError) as exc:  # the transport broke under the call
+            conn.broken.set()
+            raise Unavailable(f"the upstream {upstream!r} connection failed ({type(exc).__name__})",
+                              hint="retry with backoff") from None
+        return _result(result)
+
+
+def _result(result: types.CallToolResult) -> dict[str, Any]:
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    if result.is_error:
+        reason = (texts[0] if texts else "the upstream tool failed")[:200]
+        raise BackendFailed(f"the upstream tool failed: {reason}",
+                            hint="read the reason; fix the arguments or retry later")
+    if result.structured_content is not None:
+        return dict(result.structured_content)
+    if len(texts) == 1:
+        with contextlib.suppress(ValueError):
+            value = json.loads(texts[0])
+            return value if isinstance(value, dict) else {"result": value}
+    return {"text": "\n".join(texts)}
+

@@ -1,0 +1,213 @@
+"""The one call pipeline, for MCP tools/call and gRPC CallTool alike.
+
+resolve (direct lookup) → authorise (caller scopes against the tool's) → validate arguments →
+rate limit (per caller, per tool; shared) → breaker (shared) → call with a deadline and bounded
+retries (exponential backoff, full jitter, retryable errors only) → fallback chain → clean and
+cap the result (the whole kept as mem://step/<call_id>) → audit row + tool.called event.
+
+Authentication happened at the entry point: the call arrives with its Principal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from libs.errors import DeadlineExceeded, DomainError, Internal, NotFound
+from libs.logs import get_logger
+from services.tool_gateway.domain import (
+    CallOutcome,
+    CallRecord,
+    CircuitOpen,
+    RateLimited,
+    ToolCall,
+    ToolSpec,
+    args_sha256,
+    authorise,
+    backoff_seconds,
+    clean_result,
+    validate_arguments,
+)
+from services.tool_gateway.domain.registry import pick_version
+from services.tool_gateway.service_layer.ports import (
+    Backends,
+    Breakers,
+    CallLog,
+    RateLimiter,
+    Registry,
+    ResultStore,
+)
+
+__all__ = ["CallPolicy", "CallPorts", "call_tool", "resolve", "step_uri"]
+
+log = get_logger(__name__)
+SYSTEM_TENANT = "_system"  # the audit tenant of callers without one (authentication disabled)
+# Errors that say the backend (not the caller) is failing: they count against its breaker.
+_BREAKER_ERRORS = frozenset({"deadline_exceeded", "unavailable", "backend_error", "internal"})
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    rate_per_caller: float = 50.0
+    rate_per_tool: float = 500.0
+    result_max_bytes: int = 16_384
+    backoff_base: float = 0.05
+    backoff_cap: float = 2.0
+    # Arguments smaller than this are validated on the loop: a thread hop costs more than the check.
+    inline_validation_bytes: int = 4_096
+
+
+@dataclass
+class CallPorts:
+    registry: Registry
+    limiter: RateLimiter
+    breakers: Breakers
+    backends: Backends
+    call_log: CallLog
+    results: ResultStore
+    policy: CallPolicy = field(default_factory=CallPolicy)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Any] = asyncio.sleep
+
+
+def step_uri(call_id: str) -> str:
+    return f"mem://step/{call_id}"
+
+
+async def resolve(name: str, version: str, registry: Registry) -> ToolSpec:
+    spec = pick_version(await registry.versions(name), version)
+    if spec is None:
+        what = f"{name!r} version {version}" if version else repr(name)
+        raise NotFound(f"no tool {what} is registered", field="version" if version and await registry.versions(name)
+                       else "name", hint="list the tools (MCP tools/list, gRPC ListTools) and use one of their names")
+    return spec
+
+
+async def _validate(spec: ToolSpec, arguments: dict[str, Any], policy: CallPolicy) -> None:
+    if len(repr(arguments)) < policy.inline_validation_bytes:
+        validate_arguments(spec, arguments)
+    else:  # big input: linear (RE2) but CPU all the same, so off the event loop
+        await asyncio.to_thread(validate_arguments, spec, arguments)
+
+
+async def _admit_rate(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> None:
+    p = call.principal
+    wait = await ports.limiter.acquire([(f"caller:{p.tenant_id}:{p.subject}", ports.policy.rate_per_caller),
+                                        (f"tool:{spec.name}", ports.policy.rate_per_tool)])
+    if wait > 0:
+        raise RateLimited(f"too many calls (per caller {ports.policy.rate_per_caller:g}/s, per tool "
+                          f"{ports.policy.rate_per_tool:g}/s)", field="name",
+                          hint=f"retry in {wait:.2f} s, and spread calls out")
+
+
+async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
+                   ports: CallPorts) -> tuple[dict[str, Any], int]:
+    """Call `spec` with bounded retries; returns (result, attempts) or raises the last error."""
+    attempts = spec.retries + 1
+    for attempt in range(1, attempts + 1):
+        admitted, state, retry_after = await ports.breakers.admit(spec.name, spec.timeout_seconds)
+        if not admitted:
+            raise CircuitOpen(f"{spec.name} is failing and its circuit breaker is {state.replace('_', '-')}",
+                              field="name", hint=f"retry in {retry_after:.1f} s or use another tool")
+        timeout = spec.timeout_seconds
+        if deadline_at is not None:
+            timeout = min(timeout, deadline_at - ports.clock())
+        try:
+            if timeout <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(timeout):
+                result = await ports.backends.call(spec, arguments, timeout)
+        except TimeoutError:
+            error: DomainError = DeadlineExceeded(f"{spec.name} did not answer within {max(timeout, 0):.2f} s",
+                                                  field="deadline_seconds",
+                                                  hint="retry later, or give the call a longer deadline")
+        except DomainError as exc:
+            error = exc
+        else:
+            await ports.breakers.record(spec.name, True)
+            return result, attempt
+        if error.error_type in _BREAKER_ERRORS:
+            await ports.breakers.record(spec.name, False)
+        left = None if deadline_at is None else deadline_at - ports.clock()
+        if not error.retryable or attempt == attempts or (left is not None and left <= 0):
+            error.attempts = attempt  # type: ignore[attr-defined]
+            raise error
+        delay = backoff_seconds(attempt, base=ports.policy.backoff_base, cap=ports.policy.backoff_cap)
+        await ports.sleep(delay if left is None else min(delay, left))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
+                     ports: CallPorts) -> tuple[ToolSpec, dict[str, Any], int] | None:
+    """The first fallback that the caller may call, that accepts the arguments, and that answers."""
+    for name in spec.fallback:
+        if name == spec.name:
+            continue
+        try:
+            alt = await resolve(name, "", ports.registry)
+            authorise(alt, call.principal)
+            await _validate(alt, call.arguments, ports.policy)
+            result, attempts = await _attempt(alt, call.arguments, deadline_at, ports)
+        except DomainError as exc:
+            log.info("fallback failed", tool=spec.name, fallback=name, error_type=exc.error_type)
+            continue
+        return alt, result, attempts
+    return None
+
+
+async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts) -> CallOutcome:
+    authorise(spec, call.principal)
+    await _validate(spec, call.arguments, ports.policy)
+    await _admit_rate(call, spec, ports)
+    deadline_at = ports.clock() + call.deadline_seconds if call.deadline_seconds > 0 else None
+    try:
+        result, attempts = await _attempt(spec, call.arguments, deadline_at, ports)
+        served_by, outcome = spec.name, "ok"
+    except DomainError as primary:
+        found = await _fallbacks(call, spec, deadline_at, ports) if spec.fallback else None
+        if found is None:
+            raise
+        alt, result, attempts = found
+        served_by, outcome = alt.name, "fallback"
+        log.info("served by a fallback", tool=spec.name, fallback=alt.name, error_type=primary.error_type)
+    if not isinstance(result, dict):
+        raise Internal(f"{served_by} returned {type(result).__name__}, not an object",
+                       hint="operators: fix the backend mapping")
+    cleaned = clean_result(result, ports.policy.result_max_bytes)
+    uri = ""
+    if cleaned.truncated:
+        uri = step_uri(call_id)
+        await ports.results.put(call.principal.tenant_id or SYSTEM_TENANT, call_id, cleaned.full_text)
+    return CallOutcome(call_id, spec.name, spec.version, result=cleaned, outcome=outcome, resource_uri=uri,
+                       served_by=served_by, attempts=attempts, has_output_schema=bool(spec.output_schema))
+
+
+async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
+    """Run one call through the whole pipeline. Refusals and failures come back as the outcome's
+    error (never raised), and every call is audited."""
+    started = ports.clock()
+    call_id = uuid.uuid4().hex
+    version = call.version
+    try:
+        spec = await resolve(call.name, call.version, ports.registry)
+        version = spec.version
+        outcome = await _run(call, spec, call_id, ports)
+    except DomainError as exc:
+        kind = "timeout" if exc.error_type == "deadline_exceeded" else "error"
+        outcome = CallOutcome(call_id, call.name, version, error=exc, outcome=kind,
+                              attempts=getattr(exc, "attempts", 0))
+    outcome = replace(outcome, latency_ms=(ports.clock() - started) * 1000)
+    p = call.principal
+    error = outcome.error.to_dict() if outcome.error else None
+    await ports.call_log.record(CallRecord(
+        call_id=call_id, tenant_id=p.tenant_id or SYSTEM_TENANT, caller=p.subject, tool=call.name,
+        version=outcome.version, args_sha256=args_sha256(call.arguments), outcome=outcome.outcome, error=error,
+        latency_ms=outcome.latency_ms, trace_id=call.trace_id, context=call.context,
+        arguments=call.arguments if outcome.error is None else {}, served_by=outcome.served_by,
+        attempts=outcome.attempts))
+    return outcome
+

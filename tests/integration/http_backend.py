@@ -1,0 +1,93 @@
+"""A small real HTTP/JSON backend for the gateway's tests, on a free loopback port.
+
+It counts its calls per path, can be told to fail (`/flaky` fails its first N calls with 503),
+to hang (`/hang` never answers until released), and answers big results (`/big`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import httpx2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from libs.http import serve_asgi
+from mnemesh.infra import free_port
+
+__all__ = ["HttpBackend", "http_backend"]
+
+
+@dataclass
+class HttpBackend:
+    port: int
+    calls: Counter = field(default_factory=Counter)
+    fail_first: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    down: bool = False
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def app_for(state: HttpBackend) -> Starlette:
+    async def customer(request: Request) -> JSONResponse:
+        state.calls["customer"] += 1
+        cid = request.path_params["cid"]
+        if cid == "missing":
+            return JSONResponse({"message": "no customer with that id", "trace": "internal-detail"}, 404)
+        return JSONResponse({"id": cid, "name": "Li Wei", "vip": request.query_params.get("vip"),
+                             "_links": {"self": f"/customers/{cid}"}, "fax": None})
+
+    async def flaky(request: Request) -> JSONResponse:
+        state.calls["flaky"] += 1
+        if state.down or state.calls["flaky"] <= state.fail_first:
+            return JSONResponse({"error": "overloaded"}, 503)
+        return JSONResponse({"ok": True, "body": await request.json()})
+
+    async def hang(request: Request) -> JSONResponse:
+        state.calls["hang"] += 1
+        await state.release.wait()
+        return JSONResponse({"late": True})
+
+    async def big(request: Request) -> JSONResponse:
+        state.calls["big"] += 1
+        return JSONResponse({"rows": [{"n": i, "text": "lorem ipsum " * 4} for i in range(500)]})
+
+    async def fallback(request: Request) -> JSONResponse:
+        state.calls["fallback"] += 1
+        return JSONResponse({"sent_by": "sms"})
+
+    return Starlette(routes=[Route("/customers/{cid}", customer), Route("/flaky", flaky, methods=["POST"]),
+                             Route("/hang", hang, methods=["POST"]), Route("/big", big),
+                             Route("/sms", fallback, methods=["POST"])])
+
+
+@contextlib.asynccontextmanager
+async def http_backend() -> AsyncIterator[HttpBackend]:
+    state = HttpBackend(free_port())
+    task = asyncio.create_task(serve_asgi(app_for(state), host="127.0.0.1", port=state.port,
+                                          port_setting="test backend"))
+    async with httpx2.AsyncClient(timeout=2) as http:
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    await http.get(state.url("/big"))
+                    break
+                except httpx2.TransportError:
+                    await anyio.sleep(0.05)
+    state.calls.clear()
+    try:
+        yield state
+    finally:
+        state.release.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

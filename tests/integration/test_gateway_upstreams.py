@@ -1,0 +1,126 @@
+"""Federation: real upstream MCP servers (this repository's fixture, over stdio and over Streamable HTTP)
+behind a real gateway, reached with the official MCP client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+import test_mcp
+from test_mcp import Gateway, gateway_settings, mcp_client
+
+from mnemesh.infra import free_port
+
+pytestmark = pytest.mark.integration
+FIXTURE = str(Path(__file__).with_name("upstream_server.py"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):  # reap it if it is our zombie
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.fixture
+def http_upstream() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, FIXTURE, "http", str(port)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def wait_answers(url: str) -> None:
+    async with httpx2.AsyncClient(timeout=2) as http:
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    await http.get(url)
+                    return
+                except httpx2.TransportError:
+                    await anyio.sleep(0.1)
+
+
+@pytest.fixture
+async def federating(redis_url: str, database_url: str, tmp_path, http_upstream: str) -> AsyncIterator[Gateway]:
+    await wait_answers(http_upstream)
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"upstreams": [
+        {"name": "local", "command": [sys.executable, FIXTURE, "stdio"]},
+        {"name": "remote", "url": http_upstream, "prefix": "rm"},
+    ]}))
+    settings = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
+    async with test_mcp.running(settings) as gw:
+        yield gw
+    await test_mcp.drop_namespace(settings)
+
+
+async def listed(gw: Gateway, expect: set[str]) -> dict:
+    """tools/list once every name in `expect` is there (upstreams connect in the background)."""
+    async with mcp_client(gw, gw.token("tools:*")) as client:
+        with anyio.fail_after(30):
+            while not expect <= (tools := {t.name: t for t in (await client.list_tools()).tools}).keys():
+                await anyio.sleep(0.1)
+    return tools
+
+
+async def test_upstream_tools_are_exposed_namespaced_unique_and_short_and_called_through_the_pipeline(
+    federating: Gateway
+) -> None:
+    tools = await listed(federating, {"local.echo", "rm.echo"})
+    assert all(len(name) <= 64 for name in tools) and len(tools) == len(set(tools))
+    long_names = [n for n in tools if n.startswith("local.a_tool_whose_name")]
+    assert len(long_names) == 1 and 56 <= len(long_names[0]) <= 64
+    assert tools["local.echo"].input_schema["required"] == ["text"]
+    async with mcp_client(federating, federating.token("tools:*")) as client:
+        local = await client.call_tool("local.echo", {"text": "hi", "times": 2})
+        remote = await client.call_tool("rm.echo", {"text": "yo"})
+        invalid = await client.call_tool("rm.echo", {"times": 2})
+        failed = await client.call_tool("local.fail", {"reason": "no stock"})
+    assert (local.is_error, local.structured_content) == (False, {"echo": "hi hi"})
+    assert remote.structured_content == {"echo": "yo"}
+    assert invalid.structured_content["error_type"] == "validation"  # checked by the gateway, before the upstream
+    assert failed.is_error and failed.structured_content["error_type"] == "backend_error"
+    assert "refused: no stock" in failed.structured_content["reason"]
+
+
+async def test_a_dead_stdio_upstream_is_restarted_and_no_process_is_left_when_the_gateway_stops(
+    federating: Gateway
+) -> None:
+    await listed(federating, {"local.whoami"})
+    async with mcp_client(federating, federating.token("tools:*")) as client:
+        first = (await client.call_tool("local.whoami", {})).structured_content["pid"]
+        os.kill(first, signal.SIGKILL)
+        with anyio.fail_after(30):
+            while True:
+                result = await client.call_tool("local.whoami", {})
+                if not result.is_error and result.structured_content["pid"] != first:
+                    break
+                if result.is_error:  # reported down (or not yet noticed) while it restarts
+                    assert result.structured_content["error_type"] in ("unavailable", "not_found",
+                                                                       "deadline_exceeded", "backend_error",
+                                                                       "circuit_open")
+                await anyio.sleep(0.2)
+    second = result.structured_content["pid"]
+    assert alive(second) and not alive(first)
+    federating.stop.set()
+    with anyio.fail_after(15):
+        await federating.task
+    assert not alive(second)

@@ -1,0 +1,62 @@
+"""An upstream MCP server the gateway federates in tests, on the official SDK: stdio or Streamable HTTP.
+
+    python upstream_server.py stdio
+    python upstream_server.py http <port>
+
+Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
+cancelled, reporting that it was through a marker file), and one with a name too long to expose as is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("upstream-fixture")
+
+
+@server.tool(structured_output=True)
+def echo(text: str, times: int = 1) -> dict[str, str]:
+    """Repeat the text."""
+    return {"echo": " ".join([text] * times)}
+
+
+@server.tool()
+def whoami() -> dict[str, int]:
+    """The process id of this server."""
+    return {"pid": os.getpid()}
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails, with the reason given."""
+    raise ToolError(f"refused: {reason}")
+
+
+@server.tool()
+async def slow(marker: str) -> str:
+    """Waits until cancelled; writes 'started' then 'cancelled' to the marker file."""
+    Path(marker).write_text("started")
+    try:
+        await anyio.sleep_forever()
+    finally:
+        Path(marker).write_text("cancelled")
+    return "never"
+
+
+@server.tool(name="a_tool_whose_name_is_much_too_long_to_be_exposed_under_a_prefix_as_it_is")
+def long_name() -> dict[str, bool]:
+    """A tool with a long name."""
+    return {"ok": True}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

@@ -1,0 +1,120 @@
+"""Fakes behind the tool-gateway's call-pipeline ports, with a manual clock (no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fakes import FakeRegistry
+
+from services.tool_gateway.domain import CallRecord, ToolSpec
+from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
+
+__all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeLimiter", "FakeResults", "fake_ports"]
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+    slept: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class FakeLimiter:
+    """Every bucket holds `capacity` tokens and never refills (the clock does not matter here)."""
+
+    def __init__(self, capacity: int = 1_000_000) -> None:
+        self.capacity, self.taken = capacity, {}
+
+    async def acquire(self, buckets: list[tuple[str, float]]) -> float:
+        if any(self.taken.get(key, 0) >= self.capacity for key, _ in buckets):
+            return 1.0
+        for key, _ in buckets:
+            self.taken[key] = self.taken.get(key, 0) + 1
+        return 0.0
+
+
+class FakeBreakers:
+    """The Redis breaker's rules (consecutive failures only), on the manual clock."""
+
+    def __init__(self, clock: Clock, failures: int = 3, open_seconds: float = 10.0) -> None:
+        self.clock, self.max_failures, self.open_seconds = clock, failures, open_seconds
+        self.states: dict[str, dict[str, Any]] = {}
+
+    def _get(self, tool: str) -> dict[str, Any]:
+        return self.states.setdefault(tool, {"state": "closed", "failures": 0, "opened_at": 0.0, "probe_until": 0.0})
+
+    async def admit(self, tool: str, probe_seconds: float) -> tuple[bool, str, float]:
+        b = self._get(tool)
+        if b["state"] == "open":
+            left = b["opened_at"] + self.open_seconds - self.clock()
+            if left > 0:
+                return False, "open", left
+            b.update(state="half_open", probe_until=self.clock() + probe_seconds)
+            return True, "half_open", 0.0
+        if b["state"] == "half_open":
+            if b["probe_until"] > self.clock():
+                return False, "half_open", b["probe_until"] - self.clock()
+            b["probe_until"] = self.clock() + probe_seconds
+        return True, b["state"], 0.0
+
+    async def record(self, tool: str, ok: bool) -> str:
+        b = self._get(tool)
+        if b["state"] == "half_open":
+            b.update(state="closed" if ok else "open", failures=0, opened_at=self.clock())
+        elif b["state"] == "closed":
+            b["failures"] = 0 if ok else b["failures"] + 1
+            if b["failures"] >= self.max_failures:
+                b.update(state="open", opened_at=self.clock(), failures=0)
+        return b["state"]
+
+    async def state(self, tool: str) -> str:
+        return self._get(tool)["state"]
+
+
+Behaviour = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class FakeBackends:
+    """Each tool name answers through its behaviour; every call is recorded."""
+
+    def __init__(self) -> None:
+        self.behaviours: dict[str, Behaviour] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.calls.append((spec.name, arguments))
+        return await self.behaviours[spec.name](arguments)
+
+
+class FakeCallLog:
+    def __init__(self) -> None:
+        self.records: list[CallRecord] = []
+
+    async def record(self, record: CallRecord) -> None:
+        self.records.append(record)
+
+
+class FakeResults:
+    def __init__(self) -> None:
+        self.stored: dict[tuple[str, str], str] = {}
+
+    async def put(self, tenant_id: str, step_id: str, text: str) -> None:
+        self.stored[tenant_id, step_id] = text
+
+    async def get(self, tenant_id: str, step_id: str) -> str | None:
+        return self.stored.get((tenant_id, step_id))
+
+
+def fake_ports(**policy: Any) -> CallPorts:
+    clock = Clock()
+    return CallPorts(registry=FakeRegistry(), limiter=FakeLimiter(), breakers=FakeBreakers(clock),
+                     backends=FakeBackends(), call_log=FakeCallLog(), results=FakeResults(),
+                     policy=CallPolicy(**policy), clock=clock, sleep=clock.sleep)

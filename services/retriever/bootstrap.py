@@ -1,4 +1,4 @@
-"""Wire the retriever: document projection in PostgreSQL, vectors in Qdrant (embedded or server)."""
+"""Wire the retriever: documents in PostgreSQL, vectors in Qdrant (embedded or server), the embedder."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import asyncio
 
 from libs.events.schema import MEMORY_EVENTS
 from libs.runtime import ServiceContext
+from services.retriever.adapters.embedders import open_embedder
+from services.retriever.adapters.metrics import RetrieverMetrics
 from services.retriever.adapters.postgres import PostgresDocuments
 from services.retriever.adapters.vectors import open_vector_index
+from services.retriever.domain import Bm25
 from services.retriever.entrypoints import grpc_api, streams
+from services.retriever.service_layer.batching import BatchingEmbedder
+from services.retriever.service_layer.handlers import Retrieval
 
 NAME = "retriever"
 MIGRATIONS = "services.retriever"
@@ -16,8 +21,13 @@ MIGRATIONS = "services.retriever"
 
 async def bootstrap(ctx: ServiceContext) -> None:
     s = ctx.settings
-    index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, hnsw_m=s.hnsw_m,
+    embedder = await asyncio.to_thread(
+        open_embedder, s.embedder, url=s.embeddings_url, model=s.embeddings_model,
+        api_key=s.embeddings_api_key.get_secret_value(), dim=s.embeddings_dim)
+    index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, dim=embedder.dim, hnsw_m=s.hnsw_m,
                                     hnsw_ef_construct=s.hnsw_ef_construct)
     ctx.closers.append(lambda: asyncio.to_thread(index.close))
-    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db)))
-    ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), index))
+    retrieval = Retrieval(index, BatchingEmbedder(embedder), Bm25(avg_len=s.bm25_avg_len),
+                          RetrieverMetrics(index.count))
+    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))
+    ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))

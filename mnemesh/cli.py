@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub, _settings)
 
+    from services.retriever.evaluation.cli import add_eval_commands
+
+    add_eval_commands(sub)
+
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
     p.add_argument("name", help="eventstore, bus or list")
     p.add_argument("--repetitions", type=int, default=200)

@@ -38,7 +38,7 @@ def query_from_proto(r: memory_pb2.SearchRequest, tenant_id: str | None = None) 
         tenant_id=tenant_id or r.tenant.tenant_id, user_id=r.tenant.user_id, session_id=r.tenant.session_id,
         text=r.query, limit=r.limit, layers=tuple(r.layers), tags=tuple(r.tags),
         since=_dt(r.since, r.HasField("since")), until=_dt(r.until, r.HasField("until")),
-        min_confidence=r.min_confidence, mode=r.mode or "full", fusion=r.fusion or "rrf",
+        min_confidence=r.min_confidence, mode=r.mode or "full", fusion=r.fusion or defaults.fusion,
         include_archived=r.include_archived, two_stage=r.two_stage, candidates=r.candidates or defaults.candidates,
         recency_weight=opt("recency_weight"), confidence_weight=opt("confidence_weight"),
         engagement_weight=opt("engagement_weight"), half_life_days=opt("half_life_days"),

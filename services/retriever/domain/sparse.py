@@ -34,8 +34,9 @@ _STOP = frozenset(
     "a an the and or but of to in on at for with by from is are was were be been am do does did i you he she"
     " it we they me my your his her its our their this that these those what which who whom how when where"
     " why there here as so if not no yes can could will would shall should may might have has had just than"
-    " then also too very about into over".split()
-) | frozenset("的 了 是 在 和 与 也 就 都 而 及 或 一个 这 那 吗 呢 吧 啊 呀 着 过 把 被 让 给 我 你 他 她 它 我们 你们 他们".split())
+    " then also too very about into over does doing done did any some all each".split()
+) | frozenset("的 了 是 在 和 与 也 就 都 而 及 或 一个 这 那 吗 呢 吧 啊 呀 着 过 把 被 让 给 我 你 他 她 它 我们 你们 他们"
+              " 什么 哪 哪里 哪儿 哪个 谁 如何 怎么 怎样 多少 几 为什么 是否 有没有 时候 哪天".split())
 _SENSITIVE = [
     re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+"),  # e-mail
     re.compile(r"\b(?:sk|pk|ghp|xox[bp])[-_][A-Za-z0-9_-]{12,}"),  # API keys
@@ -52,10 +53,15 @@ def redact(text: str) -> str:
     return text
 
 
-def _stem(word: str) -> str:
-    """A light English plural folding (meetings -> meeting, cities -> city), nothing language-specific beyond."""
+def _stem(word: str) -> str | None:
+    """Stop words out, then a light English plural / third-person folding (meetings -> meeting,
+    cities -> city, teaches -> teach); a lone Latin letter (the s of "Maya's") is no term."""
+    if word in _STOP or (len(word) == 1 and word.isascii() and word.isalpha()):
+        return None
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
+    if len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes", "zes")):
+        return word[:-2]
     if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
         return word[:-1]
     return word
@@ -77,15 +83,15 @@ def terms(text: str, segmenter: Segmenter = "jieba") -> list[str]:
     """Index terms in order (duplicates kept): Latin words lower-cased and lightly stemmed, Chinese segmented."""
     if segmenter == "bigram":
         return [t for t in tokenize(text) if t not in _STOP]
-    out: list[str] = []
+    out: list[str | None] = []
     for word in _WORD.findall(unicodedata.normalize("NFKC", text).lower()):
         if not any(is_cjk(c) for c in word):
             out.append(_stem(word))
             continue
         for piece in _segmenter().lcut_for_search(word, HMM=True):
             if _WORD.fullmatch(piece):
-                out.append(piece if any(is_cjk(c) for c in piece) else _stem(piece))
-    return [t for t in out if t not in _STOP]
+                out.append((None if piece in _STOP else piece) if any(is_cjk(c) for c in piece) else _stem(piece))
+    return [t for t in out if t]
 
 
 def term_id(term: str) -> int:

@@ -15,6 +15,7 @@ from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 
 __all__ = ["Retrieval", "forget_documents", "index_document", "search"]
 
+CONTEXT_WEIGHT = 0.3  # the turn before a memory (attributes.context) adds to its vector at this weight
 FETCH_FACTOR = 3  # fused candidates read back from PostgreSQL per requested hit (rescoring may reorder them)
 
 
@@ -32,6 +33,11 @@ class Retrieval:
             self.observe.stage(stage, time.perf_counter() - started)
 
 
+def _normalised(v: list[float]) -> list[float]:
+    norm = sum(x * x for x in v) ** 0.5 or 1.0
+    return [x / norm for x in v]
+
+
 def _with_terms(d: Document, bm25: Bm25) -> Document:
     from dataclasses import replace
 
@@ -43,7 +49,12 @@ async def index_document(document: Document, store: DocumentStore, r: Retrieval)
     index. A forgotten memory is indexed nowhere. True when indexed."""
     text = redact(document.indexed_text())
     started = time.perf_counter()
-    (dense,) = await r.embedder.embed([text])
+    context = document.context()
+    if context:  # the turn's own meaning first, its context as a lighter second component
+        own, around = await r.embedder.embed([text, redact(context)])
+        dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(own, around, strict=True)])
+    else:
+        (dense,) = await r.embedder.embed([text])
     r._timed("embed_document", started)
     sparse = r.bm25.document(text)
     document = _with_terms(document, r.bm25)

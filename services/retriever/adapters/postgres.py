@@ -9,7 +9,6 @@ on any replica) can never bring the memory back. The vector upsert runs under th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -23,7 +22,7 @@ _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::
 _UPSERT = (
     "INSERT INTO documents (memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
     " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id, attributes)"
-    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18::jsonb"
+    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18"
     " WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE memory_id = $1::uuid)"
     " ON CONFLICT (memory_id) DO UPDATE SET content = EXCLUDED.content, terms = EXCLUDED.terms,"
     " tags = EXCLUDED.tags, confidence = EXCLUDED.confidence, source = EXCLUDED.source,"
@@ -33,12 +32,12 @@ _UPSERT = (
 )
 _COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
             " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id,"
-            " attributes::text AS attributes")
+            " attributes")
 
 
 def _document(r: asyncpg.Record) -> Document:
     return Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
-                       "derived_from": tuple(r["derived_from"]), "attributes": json.loads(r["attributes"])})
+                       "derived_from": tuple(r["derived_from"]), "attributes": dict(r["attributes"])})
 
 
 class PostgresDocuments:
@@ -64,7 +63,7 @@ class PostgresDocuments:
             indexed = rowcount(await conn.execute(
                 _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
                 d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
-                d.engagement, d.archived, d.step_id, json.dumps(d.attributes))) == 1
+                d.engagement, d.archived, d.step_id, d.attributes)) == 1  # jsonb: the pool codec encodes it
             if indexed and then is not None:
                 await then()
             return indexed

@@ -24,7 +24,8 @@ COLLECTION = "memories"
 
 def payload_of(d: Document) -> dict:
     return {"tenant_id": d.tenant_id, "memory_id": d.memory_id, "user_id": d.user_id, "session_id": d.session_id,
-            "layer": d.layer, "confidence": d.confidence, "tags": list(d.tags), "archived": d.archived,
+            "layer": d.layer, "confidence": d.confidence, "tags": list(d.tags),
+            "archived": int(d.archived),  # 0/1: qdrant-edge 0.9 matches no boolean payload with MatchValue(True)
             "created_at": d.created_at.timestamp(),
             "expires_at": d.expires_at.timestamp() if d.expires_at else None}
 
@@ -84,7 +85,7 @@ class EdgeVectorIndex:
             if q.min_confidence:
                 must.append(qe.FieldCondition(key="confidence", match=qe.MatchAny(list(range(1, q.min_confidence + 1)))))
             if not q.include_archived:
-                must_not.append(qe.FieldCondition(key="archived", match=qe.MatchValue(True)))
+                must_not.append(qe.FieldCondition(key="archived", match=qe.MatchValue(1)))
         if now is not None:
             must_not.append(qe.FieldCondition(key="expires_at", range=qe.RangeFloat(lte=now.timestamp())))
         return qe.Filter(must=must, must_not=must_not or None)
@@ -179,7 +180,7 @@ class ServerVectorIndex:
             if q.min_confidence:
                 must.append(m.FieldCondition(key="confidence", match=m.MatchAny(any=list(range(1, q.min_confidence + 1)))))
             if not q.include_archived:
-                must_not.append(m.FieldCondition(key="archived", match=m.MatchValue(value=True)))
+                must_not.append(m.FieldCondition(key="archived", match=m.MatchValue(value=1)))
         if now is not None:
             must_not.append(m.FieldCondition(key="expires_at", range=m.Range(lte=now.timestamp())))
         return m.Filter(must=must, must_not=must_not or None)

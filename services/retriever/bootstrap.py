@@ -31,6 +31,14 @@ async def bootstrap(ctx: ServiceContext) -> None:
     index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, dim=embedder.dim, hnsw_m=s.hnsw_m,
                                     hnsw_ef_construct=s.hnsw_ef_construct)
     ctx.closers.append(lambda: asyncio.to_thread(index.close))
+
+    async def optimize_index() -> None:  # the embedded engine has no background optimizer of its own
+        while True:
+            await asyncio.sleep(s.index_optimize_seconds)
+            if getattr(index, "dirty", False):
+                await asyncio.to_thread(index.optimize)
+
+    ctx.tasks.append(optimize_index)
     async def publish_accesses(tenant_id: str, user_id: str, memory_ids: list[str], at) -> None:
         message = events_pb2.MemoryAccessed(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
                                             memory_ids=memory_ids)

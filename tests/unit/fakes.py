@@ -161,6 +161,9 @@ class FakeVectorIndex:
     def count(self, tenant_id: str | None = None) -> int:
         return sum(1 for p, _, _ in self.points.values() if tenant_id is None or p["tenant_id"] == tenant_id)
 
+    def optimize(self) -> bool:
+        return False
+
     def close(self) -> None:
         self.closed = True
 

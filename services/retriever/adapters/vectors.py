@@ -48,7 +48,7 @@ class EdgeVectorIndex:
     def __init__(self, path: Path, *, dim: int = DENSE_SIZE, hnsw_m: int = 16, hnsw_ef_construct: int = 100) -> None:
         import qdrant_edge as qe
 
-        self._qe = qe
+        self._qe, self.dirty = qe, False
         config = qe.EdgeConfig(
             vectors={"dense": qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
             sparse_vectors={"sparse": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
@@ -102,6 +102,7 @@ class EdgeVectorIndex:
             points.append(qe.Point(id=uuid.UUID(d.memory_id), vector=vector, payload=payload_of(d)))
         if points:
             self.shard.update(qe.UpdateOperation.upsert_points(points))
+            self.dirty = True
 
     def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """(dense hits, sparse hits), each best first, as (memory_id, score)."""
@@ -130,6 +131,13 @@ class EdgeVectorIndex:
             qe.FieldCondition(key="tenant_id", match=qe.MatchValue(tenant_id)),
             qe.HasIdCondition(point_ids={uuid.UUID(m) for m in memory_ids}),
         ])))
+        self.dirty = True
+
+    def optimize(self) -> bool:
+        """Build the HNSW and payload indexes of the segments written since the last call. The engine in
+        process runs no background optimizer: without this, queries scan the appendable segment."""
+        self.dirty = False
+        return self.shard.optimize()
 
     def count(self, tenant_id: str | None = None) -> int:
         qe = self._qe
@@ -227,6 +235,9 @@ class ServerVectorIndex:
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         self.client.delete(self.collection, points_selector=self._m.FilterSelector(
             filter=self._filter(tenant_id, memory_ids=memory_ids)))
+
+    def optimize(self) -> bool:
+        return False  # a Qdrant server optimizes its segments itself
 
     def count(self, tenant_id: str | None = None) -> int:
         return self.client.count(self.collection, count_filter=self._filter(tenant_id), exact=True).count

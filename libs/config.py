@@ -73,6 +73,15 @@ class Settings(BaseSettings):
     database_app_url: str | None = Field(None, validation_alias=_env("DATABASE_APP_URL", "MNEMESH_DATABASE_APP_URL"))
     hnsw_m: int = Field(16, ge=4, le=128, description="HNSW graph degree of the vector index")
     hnsw_ef_construct: int = Field(100, ge=4, le=1000, description="HNSW build-time candidate list size")
+    # Retriever embeddings: a local model (no network) or an OpenAI-compatible endpoint.
+    embedder: Literal["use-multilingual", "minilm", "openai", "hash"] = "use-multilingual"
+    embeddings_url: str | None = None
+    embeddings_model: str = "text-embedding-3-small"
+    embeddings_api_key: SecretStr = SecretStr("")
+    embeddings_dim: int = Field(0, ge=0, description="0: learnt from the endpoint's first answer")
+    embedder_threads: int = Field(1, ge=0, le=64, description="threads per forward pass; 0: up to 4 cores")
+    index_optimize_seconds: float = Field(30.0, gt=0, description="embedded Qdrant: segment optimizer period")
+    bm25_avg_len: float = Field(16.0, gt=0, description="BM25 length normalisation: terms in a typical memory")
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
     embedded_postgres_port: int = Field(15432, ge=1, le=65535)
 

@@ -3,10 +3,14 @@
 - eventstore: EventStore.append (expected-version check, NOTIFY) vs a plain INSERT of the same row.
 - bus: EventBus.publish (envelope, span, XADD with trim) vs a raw XADD of the same fields.
 - adapter: SOAP calls through the adapter's gRPC Invoke vs zeep directly (services/adapter/bench.py).
+- search: the retriever (services/retriever/bench.py): embedder vs indexing pipeline, engine vs Search,
+  read-after-write visibility; its final JSON line carries a `summary`.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -96,14 +100,22 @@ async def bench_bus(settings: Settings, repetitions: int, warmup: int) -> list[d
         await bus.stop()
 
 
-BENCHMARKS: dict[str, Callable[[Settings, int, int], Awaitable[list[dict]]]] = {
+async def bench_search(settings: Settings, repetitions: int, warmup: int, **options) -> dict:
+    from services.retriever.bench import bench_search as run
+
+    return await run(settings, repetitions, warmup, **options)
+
+
+BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
     "eventstore": bench_eventstore,
     "bus": bench_bus,
     "adapter": bench_adapter,
+    "search": bench_search,
 }
 
 
-async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int) -> int:
+async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int, **options) -> int:
+    """`options` (e.g. memories=...) go to the benchmarks that take them; the others ignore them."""
     if name == "list" or name not in BENCHMARKS:
         print("benchmarks: " + ", ".join(BENCHMARKS), file=sys.stderr if name != "list" else sys.stdout)
         return 0 if name == "list" else 2
@@ -113,7 +125,12 @@ async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warm
               "which provides them", file=sys.stderr)
         return 2
     configure_logging("bench", "warning")
-    results = await BENCHMARKS[name](settings, repetitions, warmup)
-    if results:  # a benchmark that returns nothing printed its own report (e.g. adapter: a summary line)
-        report(name, results)
+    bench = BENCHMARKS[name]
+    accepted = inspect.signature(bench).parameters
+    given = {k: v for k, v in options.items() if v is not None and (k in accepted or "options" in accepted)}
+    outcome = await bench(settings, repetitions, warmup, **given)
+    if isinstance(outcome, dict):  # figures of its own and a summary: the summary is on the final line
+        print(json.dumps({"benchmark": name, **outcome}, ensure_ascii=False))
+    elif outcome:  # a benchmark that returns nothing printed its own report (adapter: a summary line)
+        report(name, outcome)
     return 0

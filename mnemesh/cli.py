@@ -144,7 +144,8 @@ def cmd_asyncapi(ns: argparse.Namespace) -> int:
 def cmd_bench(ns: argparse.Namespace) -> int:
     from mnemesh.bench import run_benchmark
 
-    return asyncio.run(run_benchmark(ns.name, _settings(), repetitions=ns.repetitions, warmup=ns.warmup))
+    return asyncio.run(run_benchmark(ns.name, _settings(), repetitions=ns.repetitions, warmup=ns.warmup,
+                                     memories=ns.memories))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,10 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub, _settings)
 
+    from services.retriever.evaluation.cli import add_eval_commands
+
+    add_eval_commands(sub)
+
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
-    p.add_argument("name", help="eventstore, bus, adapter or list")
+    p.add_argument("name", help="eventstore, bus, adapter, search or list")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000; the issue's "
+                   "second size: --memories 10000,100000)")
     p.set_defaults(func=cmd_bench)
     return parser
 

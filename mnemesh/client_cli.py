@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -84,7 +85,13 @@ def memory_search(settings: Settings, ns: argparse.Namespace) -> int:
     async def call(ch: grpc.aio.Channel) -> None:
         reply = await memory_pb2_grpc.RetrieverStub(ch).Search(memory_pb2.SearchRequest(
             tenant=common_pb2.TenantContext(user_id=ns.for_user), query=ns.query, limit=ns.limit,
-            layers=[LAYERS[layer] for layer in ns.layer or []]), timeout=10)
+            layers=[LAYERS[layer] for layer in ns.layer or []], mode=ns.mode, fusion=ns.fusion,
+            two_stage=ns.two_stage, tags=ns.tag or []), timeout=10)
+        if ns.json:
+            from google.protobuf import json_format
+
+            print(json.dumps(json_format.MessageToDict(reply), ensure_ascii=False))
+            return
         if not reply.hits:
             print("no memories match")
         for hit in reply.hits:
@@ -158,6 +165,11 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--layer", action="append", choices=list(LAYERS))
     p.add_argument("--for-user", default="", help="only this user's memories")
+    p.add_argument("--mode", default="full", choices=["dense", "sparse", "hybrid", "full"])
+    p.add_argument("--fusion", default="", choices=["", "score", "rrf"], help="default: score")
+    p.add_argument("--two-stage", action="store_true", help="sparse candidates, then dense re-ranking")
+    p.add_argument("--tag", action="append", help="memories carrying every tag given")
+    p.add_argument("--json", action="store_true", help="the reply as one JSON line")
     identity(p)
     p.set_defaults(func=bind(memory_search))
 

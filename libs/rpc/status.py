@@ -21,6 +21,8 @@ CODES: dict[str, grpc.StatusCode] = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
     "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "rate_limited": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "circuit_open": grpc.StatusCode.UNAVAILABLE,
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
     "unimplemented": grpc.StatusCode.UNIMPLEMENTED,
     "internal": grpc.StatusCode.INTERNAL,

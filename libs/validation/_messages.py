@@ -71,7 +71,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.GetMemoryRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
     "mnemesh.v1.ForgetRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
     "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),
-                                 "tags": _ident(64, items=32)},
+                                 "tags": _ident(64, items=32), "mode": _ident(16), "fusion": _ident(16)},
     "mnemesh.v1.SendRequest": {**_TENANT, "session_id": Limit("session", 128), "device_id": _ident(64),
                                "text": _text(8_000), "idempotency_key": _ident(128)},
     "mnemesh.v1.SubscribeRequest": {**_TENANT, "session_id": Limit("session", 128)},

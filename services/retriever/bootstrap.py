@@ -1,14 +1,22 @@
-"""Wire the retriever: document projection in PostgreSQL, vectors in Qdrant (embedded or server)."""
+"""Wire the retriever: documents in PostgreSQL, vectors in Qdrant (embedded or server), the embedder."""
 
 from __future__ import annotations
 
 import asyncio
 
-from libs.events.schema import MEMORY_EVENTS
+from libs.events import Envelope
+from libs.events.schema import MEMORY_ACCESS, MEMORY_EVENTS
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
 from libs.runtime import ServiceContext
+from services.retriever.adapters.embedders import open_embedder
+from services.retriever.adapters.metrics import RetrieverMetrics
 from services.retriever.adapters.postgres import PostgresDocuments
 from services.retriever.adapters.vectors import open_vector_index
+from services.retriever.domain import Bm25
 from services.retriever.entrypoints import grpc_api, streams
+from services.retriever.service_layer.accesses import AccessBatcher
+from services.retriever.service_layer.batching import BatchingEmbedder
+from services.retriever.service_layer.handlers import Retrieval
 
 NAME = "retriever"
 MIGRATIONS = "services.retriever"
@@ -16,8 +24,32 @@ MIGRATIONS = "services.retriever"
 
 async def bootstrap(ctx: ServiceContext) -> None:
     s = ctx.settings
-    index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, hnsw_m=s.hnsw_m,
+    embedder = await asyncio.to_thread(
+        open_embedder, s.embedder, url=s.embeddings_url, model=s.embeddings_model,
+        api_key=s.embeddings_api_key.get_secret_value(), dim=s.embeddings_dim,
+        threads=s.embedder_threads)
+    index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, dim=embedder.dim, hnsw_m=s.hnsw_m,
                                     hnsw_ef_construct=s.hnsw_ef_construct)
     ctx.closers.append(lambda: asyncio.to_thread(index.close))
-    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db)))
-    ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), index))
+
+    async def optimize_index() -> None:  # the embedded engine has no background optimizer of its own
+        while True:
+            await asyncio.sleep(s.index_optimize_seconds)
+            if getattr(index, "dirty", False):
+                await asyncio.to_thread(index.optimize)
+
+    ctx.tasks.append(optimize_index)
+    async def publish_accesses(tenant_id: str, user_id: str, memory_ids: list[str], at) -> None:
+        message = events_pb2.MemoryAccessed(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
+                                            memory_ids=memory_ids)
+        message.accessed_at.FromDatetime(at)
+        await ctx.bus.publish(Envelope.wrap(message, event_type="memory.accessed", tenant_id=tenant_id),
+                              stream=MEMORY_ACCESS)
+
+    accesses = AccessBatcher(publish_accesses)
+    ctx.tasks.append(accesses.run)
+    ctx.closers.append(accesses.flush)
+    retrieval = Retrieval(index, BatchingEmbedder(embedder), Bm25(avg_len=s.bm25_avg_len),
+                          RetrieverMetrics(index.count), accesses)
+    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))
+    ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))

@@ -1,20 +1,27 @@
-"""The retriever's adapters on real engines: the PostgreSQL projection and the Qdrant vector index."""
+"""The retriever's adapters on real engines: the PostgreSQL projection and both Qdrant engines (one contract)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from libs.db import Database, apply_migrations, load_migrations
+from services.retriever.adapters.embedders import HashEmbedder
 from services.retriever.adapters.postgres import PostgresDocuments
-from services.retriever.adapters.vectors import DENSE_SIZE, EdgeVectorIndex, ServerVectorIndex
-from services.retriever.domain import Document, SearchQuery
+from services.retriever.adapters.vectors import EdgeVectorIndex, IndexQuery, ServerVectorIndex
+from services.retriever.domain import Bm25, Document, SearchQuery
+from services.retriever.service_layer.batching import BatchingEmbedder
+from services.retriever.service_layer.handlers import Retrieval
 
 pytestmark = pytest.mark.integration
+
+DIM = 64
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture
@@ -23,65 +30,124 @@ async def documents(database_url: str, schema: str, db: Database) -> PostgresDoc
     return PostgresDocuments(db)
 
 
-def document(tenant: str, content: str, memory_id: str | None = None) -> Document:
-    from libs.text import tokenize
-
-    return Document(memory_id=memory_id or str(uuid.uuid4()), tenant_id=tenant, user_id="u1", session_id="",
-                    layer=5, source=2, confidence=1, content=content, terms=tuple(tokenize(content)), tags=(),
-                    created_at=datetime.now(UTC), expires_at=None)
+def document(tenant: str, content: str, memory_id: str | None = None, **kw) -> Document:
+    fields = dict(memory_id=memory_id or str(uuid.uuid4()), tenant_id=tenant, user_id="u1", session_id="",
+                  layer=5, source=2, confidence=1, content=content, terms=(), tags=(), created_at=NOW,
+                  expires_at=None)
+    return Document(**{**fields, **kw})
 
 
 async def test_a_memory_forgotten_before_its_written_event_arrives_is_never_indexed(
     documents: PostgresDocuments,
 ) -> None:
     late = document("acme", "the old address was 12 Elm Street")
+    upserted = []
+
+    async def vectors() -> None:
+        upserted.append(late.memory_id)
+
     await documents.delete("acme", [late.memory_id])  # memory.forgotten handled first
-    await documents.upsert(late)  # then a retried memory.written
-    query = SearchQuery(tenant_id="acme", user_id="", text="Elm Street").validated()
-    assert await documents.candidates(query, 10) == []
+    assert await documents.upsert(late, then=vectors) is False  # then a retried memory.written
+    assert await documents.fetch("acme", [late.memory_id]) == {} and upserted == []
 
 
-async def test_candidates_never_cross_tenants(documents: PostgresDocuments) -> None:
-    await documents.upsert(document("acme", "quarterly revenue report"))
-    await documents.upsert(document("globex", "quarterly revenue forecast"))
-    query = SearchQuery(tenant_id="acme", user_id="", text="quarterly revenue").validated()
-    assert [d.tenant_id for d in await documents.candidates(query, 10)] == ["acme"]
+async def test_documents_are_read_back_whole_and_never_across_tenants(documents: PostgresDocuments) -> None:
+    mine = document("acme", "quarterly revenue report", key="report.q3", derived_from=("step-9",),
+                    attributes={"amount": 12.5, "customer": "X"}, tags=("finance",))
+    theirs = document("globex", "quarterly revenue forecast")
+    await documents.upsert(mine)
+    await documents.upsert(theirs)
+    found = await documents.fetch("acme", [mine.memory_id, theirs.memory_id])
+    assert list(found) == [mine.memory_id]
+    assert found[mine.memory_id] == mine and found[mine.memory_id].attributes == mine.attributes
 
 
-def _exercise(index) -> None:
-    """The same body for the embedded engine and the server client: tenant isolation on every operation."""
-    rng = random.Random(7)
+# --- one contract, both engines ------------------------------------------------------------------------------
 
-    def vector() -> list[float]:
-        return [rng.uniform(-1, 1) for _ in range(DENSE_SIZE)]
 
-    mine = {str(uuid.uuid4()): vector() for _ in range(5)}
-    theirs = {str(uuid.uuid4()): vector() for _ in range(5)}
-    for memory_id, dense in mine.items():
-        index.upsert("acme", memory_id, dense)
-    for memory_id, dense in theirs.items():
-        index.upsert("globex", memory_id, dense)
+@pytest.fixture(params=["edge", "server"])
+def index(request, tmp_path: Path):
+    if request.param == "edge":
+        engine = EdgeVectorIndex(tmp_path / "memories", dim=DIM, hnsw_m=8, hnsw_ef_construct=50)
+    else:
+        engine = ServerVectorIndex(":memory:", dim=DIM, hnsw_m=8, hnsw_ef_construct=50)
+    yield engine
+    engine.close()
+
+
+def _encode(docs: list[Document]):
+    embedder, bm25 = HashEmbedder(DIM), Bm25()
+    return [(d, v, bm25.document(d.content)) for d, v in zip(docs, embedder.embed([d.content for d in docs]),
+                                                              strict=True)]
+
+
+def _ask(index, text: str, mode: str = "hybrid", **kw) -> tuple[list[str], list[str]]:
+    q = SearchQuery(tenant_id=kw.pop("tenant_id", "acme"), user_id=kw.pop("user_id", ""), text=text,
+                    mode=mode, **kw).validated()
+    dense = HashEmbedder(DIM).embed([text])[0] if mode != "sparse" else None
+    sparse = Bm25().query(text) if mode != "dense" else None
+    d, s = index.query(IndexQuery(q, dense, sparse, NOW, 50))
+    return [m for m, _ in d], [m for m, _ in s]
+
+
+def test_both_engines_keep_tenants_apart_on_every_operation(index) -> None:
+    mine = [document("acme", f"invoice number {n} for the harbour office") for n in range(5)]
+    theirs = [document("globex", "invoice for the harbour office") for _ in range(5)]
+    index.upsert(_encode(mine + theirs))
     assert (index.count("acme"), index.count("globex"), index.count()) == (5, 5, 10)
-    target = next(iter(theirs))
-    hits = index.search("acme", theirs[target], limit=10)
-    assert {memory_id for memory_id, _ in hits} == set(mine)  # the nearest point is globex's: never shown
-    index.delete("acme", [target, *list(mine)[:2]])  # naming another tenant's id deletes nothing of theirs
+    dense, sparse = _ask(index, "invoice for the harbour office")
+    assert set(dense) == set(sparse) == {d.memory_id for d in mine}  # their exact match is never shown
+    index.delete("acme", [theirs[0].memory_id, mine[0].memory_id, mine[1].memory_id])  # naming theirs: no-op
     assert (index.count("acme"), index.count("globex")) == (3, 5)
 
 
-def test_the_embedded_qdrant_index_keeps_tenants_apart_and_survives_a_reopen(tmp_path: Path) -> None:
-    index = EdgeVectorIndex(tmp_path / "memories", hnsw_m=8, hnsw_ef_construct=50)
-    _exercise(index)
+def test_both_engines_apply_every_filter(index) -> None:
+    base = dict(tags=("travel",))
+    docs = {
+        "match": document("acme", "passport renewal", **base),
+        "user": document("acme", "passport renewal", user_id="u2", **base),
+        "session": document("acme", "passport renewal", session_id="other", **base),
+        "layer": document("acme", "passport renewal", layer=1, **base),
+        "tag": document("acme", "passport renewal"),
+        "old": document("acme", "passport renewal", created_at=NOW - timedelta(days=40), **base),
+        "weak": document("acme", "passport renewal", confidence=3, **base),
+        "archived": document("acme", "passport renewal", archived=True, **base),
+        "expired": document("acme", "passport renewal", expires_at=NOW - timedelta(seconds=1), **base),
+    }
+    docs = {k: Document(**{**d.__dict__, "session_id": d.session_id or "s1"}) for k, d in docs.items()}
+    index.upsert(_encode(list(docs.values())))
+    name = {d.memory_id: k for k, d in docs.items()}
+    filters = dict(user_id="u1", session_id="s1", layers=(5,), tags=("travel",), since=NOW - timedelta(days=30),
+                   until=NOW + timedelta(seconds=1), min_confidence=2)
+    for mode in ("dense", "sparse"):
+        dense, sparse = _ask(index, "passport renewal", mode, **filters)
+        assert {name[m] for m in dense + sparse} == {"match"}, mode
+    dense, _ = _ask(index, "passport renewal", "dense", include_archived=True, **filters)
+    assert {name[m] for m in dense} == {"match", "archived"}
+
+
+def test_both_engines_rank_by_bm25_and_rerank_sparse_candidates_in_two_stage_mode(index) -> None:
+    docs = [document("acme", "passport renewal passport"), document("acme", "renewal of the lease and the car"),
+            document("acme", "tea with grandmother")]
+    index.upsert(_encode(docs))
+    _, sparse = _ask(index, "passport renewal", "sparse")
+    assert sparse == [docs[0].memory_id, docs[1].memory_id]  # idf: the rarer term weighs more; no overlap: absent
+    q = SearchQuery(tenant_id="acme", user_id="", text="passport renewal").validated()
+    dense, _ = index.query(IndexQuery(q, HashEmbedder(DIM).embed(["tea"])[0], Bm25().query("passport renewal"),
+                                      NOW, 10, two_stage=True))
+    assert {m for m, _ in dense} == {docs[0].memory_id, docs[1].memory_id}
+
+
+def test_the_embedded_engine_survives_a_reopen(tmp_path: Path) -> None:
+    index = EdgeVectorIndex(tmp_path / "memories", dim=DIM)
+    index.upsert(_encode([document("acme", "kept across restarts")]))
     index.close()
-    reopened = EdgeVectorIndex(tmp_path / "memories")
-    assert reopened.count() == 8
+    reopened = EdgeVectorIndex(tmp_path / "memories", dim=DIM)
+    assert reopened.count("acme") == 1 and _ask(reopened, "restarts", "sparse")[1]
     reopened.close()
 
 
-def test_the_qdrant_server_client_keeps_tenants_apart() -> None:
-    index = ServerVectorIndex(":memory:", hnsw_m=8, hnsw_ef_construct=50)
-    _exercise(index)
-    index.close()
+# --- the real upsert path against concurrent forgetting -------------------------------------------------------
 
 
 class FlakyIndex:
@@ -90,19 +156,24 @@ class FlakyIndex:
     def __init__(self, index: EdgeVectorIndex) -> None:
         self.index, self.down = index, False
 
-    def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
+    def _check(self) -> None:
         if self.down:
             from qdrant_client.http.exceptions import ResponseHandlingException
 
             raise ResponseHandlingException(ConnectionRefusedError("Qdrant is down"))
+
+    def upsert(self, documents) -> None:
+        self._check()
+        self.index.upsert(documents)
+
+    def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
+        self._check()
         self.index.delete(tenant_id, memory_ids)
 
 
-async def test_concurrent_written_and_forgotten_events_in_either_order_never_bring_a_memory_back(
+async def test_concurrent_written_and_forgotten_events_in_either_order_never_leave_a_memory_in_either_store(
     database_url: str, schema: str, db: Database, tmp_path: Path
 ) -> None:
-    import asyncio
-
     from libs.events import Envelope
     from libs.idempotency import idempotent
     from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
@@ -110,13 +181,13 @@ async def test_concurrent_written_and_forgotten_events_in_either_order_never_bri
     from services.retriever.entrypoints.streams import on_memory_event
 
     await apply_migrations(database_url, schema, load_migrations("services.retriever"))
-    edge = EdgeVectorIndex(tmp_path / "memories", hnsw_m=8, hnsw_ef_construct=50)
+    edge = EdgeVectorIndex(tmp_path / "memories", dim=DIM, hnsw_m=8, hnsw_ef_construct=50)
     index = FlakyIndex(edge)
-    handle = idempotent(db, "retriever", on_memory_event(lambda conn: PostgresDocuments(db, conn), index))
+    retrieval = Retrieval(index, BatchingEmbedder(HashEmbedder(DIM)), Bm25())
+    handle = idempotent(db, "retriever", on_memory_event(lambda conn: PostgresDocuments(db, conn), retrieval))
     rng = random.Random(11)
     ids = [str(uuid.uuid4()) for _ in range(40)]
-    for memory_id in ids:  # the vectors the embedding path will have written
-        edge.upsert("acme", memory_id, [rng.uniform(-1, 1) for _ in range(DENSE_SIZE)])
+    kept = [str(uuid.uuid4()) for _ in range(5)]  # written only: must be in both stores at the end
 
     def written(memory_id: str) -> Envelope:
         memory = common_pb2.Memory(memory_id=memory_id, tenant=common_pb2.TenantContext(tenant_id="acme",
@@ -144,7 +215,7 @@ async def test_concurrent_written_and_forgotten_events_in_either_order_never_bri
         await asyncio.sleep(0.3)
         index.down = False
 
-    pairs = []
+    pairs = [deliver(written(m)) for m in kept]
     for n, memory_id in enumerate(ids):
         w, f = written(memory_id), forgotten(memory_id)
         pairs.append(deliver(w) if n % 2 else deliver(f))
@@ -155,6 +226,7 @@ async def test_concurrent_written_and_forgotten_events_in_either_order_never_bri
     async with db.system_transaction() as conn:
         left = await conn.fetchval("SELECT count(*) FROM documents WHERE memory_id = ANY($1::uuid[])", ids)
         tombstones = await conn.fetchval("SELECT count(*) FROM tombstones WHERE memory_id = ANY($1::uuid[])", ids)
+        documents_kept = await conn.fetchval("SELECT count(*) FROM documents WHERE memory_id = ANY($1::uuid[])", kept)
     vectors = edge.count("acme")
     edge.close()
-    assert (left, tombstones, vectors) == (0, len(ids), 0)
+    assert (left, tombstones, documents_kept, vectors) == (0, len(ids), len(kept), len(kept))

@@ -7,6 +7,7 @@ implements), and nothing more: no I/O, no clocks, no sleeps.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -14,7 +15,9 @@ from libs.errors import Conflict
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import DomainEvent, MemoryRecord
 from services.orchestrator.domain import SessionEvent, Versioned
-from services.retriever.domain import Document, SearchQuery
+from services.retriever.adapters.memory import InMemoryDocuments
+from services.retriever.adapters.vectors import payload_of
+from services.retriever.domain import SparseVector
 from services.tool_gateway.domain import ToolSpec
 
 __all__ = [
@@ -102,55 +105,64 @@ class FakeUnitOfWork:
 # --- retriever ----------------------------------------------------------------------------------------------
 
 
-class FakeDocumentStore:
-    """The document projection. Expiry is left to `rank`, which is given the clock."""
-
-    def __init__(self) -> None:
-        self.documents: dict[str, Document] = {}
-        self.tombstones: set[str] = set()
-        self.queries: list[tuple[SearchQuery, int]] = []
-
-    async def upsert(self, document: Document) -> bool:
-        if document.memory_id in self.tombstones:
-            return False
-        self.documents[document.memory_id] = document
-        return True
-
-    async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
-        self.tombstones.update(memory_ids)
-        gone = [m for m in memory_ids if m in self.documents and self.documents[m].tenant_id == tenant_id]
-        for memory_id in gone:
-            del self.documents[memory_id]
-        return len(gone)
-
-    async def candidates(self, query: SearchQuery, limit: int) -> list[Document]:
-        self.queries.append((query, limit))
-        found = [
-            d for d in self.documents.values()
-            if d.tenant_id == query.tenant_id
-            and set(d.terms) & set(query.terms)
-            and (not query.user_id or d.user_id == query.user_id)
-            and (not query.layers or d.layer in query.layers)
-            and set(query.tags) <= set(d.tags)
-            and (query.since is None or d.created_at >= query.since)
-            and (query.until is None or d.created_at < query.until)
-            and (not query.min_confidence or d.confidence <= query.min_confidence)
-        ]
-        return sorted(found, key=lambda d: d.created_at, reverse=True)[:limit]
+class FakeDocumentStore(InMemoryDocuments):
+    """The document projection in process (the same rules: tombstones, `then` under the memory's lock)."""
 
 
 class FakeVectorIndex:
+    """Brute force over every point: cosine for dense, BM25 IDF (as Qdrant's idf modifier) times the stored
+    weights for sparse; the same filters as the real engines. Records what it was given."""
+
     def __init__(self) -> None:
-        self.points: dict[str, str] = {}  # memory_id -> tenant_id
+        self.points: dict[str, tuple[dict, list[float], SparseVector]] = {}
+        self.queries: list = []
         self.closed = False
+
+    def upsert(self, documents) -> None:
+        for d, dense, sparse in documents:
+            self.points[d.memory_id] = (payload_of(d), dense, sparse)
+
+    def _passes(self, p: dict, q, now) -> bool:
+        return (p["tenant_id"] == q.tenant_id and (not q.user_id or p["user_id"] == q.user_id)
+                and (not q.session_id or p["session_id"] == q.session_id)
+                and (not q.layers or p["layer"] in q.layers) and set(q.tags) <= set(p["tags"])
+                and (q.since is None or p["created_at"] >= q.since.timestamp())
+                and (q.until is None or p["created_at"] < q.until.timestamp())
+                and (not q.min_confidence or p["confidence"] <= q.min_confidence)
+                and (q.include_archived or not p["archived"])
+                and (p["expires_at"] is None or p["expires_at"] > now.timestamp()))
+
+    def query(self, iq):
+        self.queries.append(iq)
+        live = {m: v for m, v in self.points.items() if self._passes(v[0], iq.query, iq.now)}
+        sparse_hits: list[tuple[str, float]] = []
+        if iq.sparse:
+            n = len(self.points)
+            df = {i: sum(1 for _, _, s in self.points.values() if i in s.indices) for i in iq.sparse.indices}
+            idf = {i: math.log(1 + (n - df[i] + 0.5) / (df[i] + 0.5)) for i in iq.sparse.indices}
+            for m, (_, _, s) in live.items():
+                weights = dict(zip(s.indices, s.values, strict=True))
+                score = sum(idf[i] * weights[i] for i in iq.sparse.indices if i in weights)
+                if score > 0:
+                    sparse_hits.append((m, score))
+            sparse_hits = sorted(sparse_hits, key=lambda h: -h[1])[: iq.limit]
+        dense_hits: list[tuple[str, float]] = []
+        if iq.dense is not None:
+            pool = {m for m, _ in sparse_hits} if iq.two_stage else set(live)
+            dense_hits = sorted(((m, sum(a * b for a, b in zip(iq.dense, live[m][1], strict=True))) for m in pool),
+                                key=lambda h: -h[1])[: iq.limit]
+        return dense_hits, sparse_hits
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         for memory_id in memory_ids:
-            if self.points.get(memory_id) == tenant_id:
+            if memory_id in self.points and self.points[memory_id][0]["tenant_id"] == tenant_id:
                 del self.points[memory_id]
 
     def count(self, tenant_id: str | None = None) -> int:
-        return sum(1 for t in self.points.values() if tenant_id is None or t == tenant_id)
+        return sum(1 for p, _, _ in self.points.values() if tenant_id is None or p["tenant_id"] == tenant_id)
+
+    def optimize(self) -> bool:
+        return False
 
     def close(self) -> None:
         self.closed = True

@@ -3,30 +3,41 @@
 A forget always sticks: forgetting writes the tombstone before deleting, in one transaction,
 and indexing a memory checks for its tombstone; both hold the memory's advisory lock until
 commit, so a memory.written handled concurrently with its memory.forgotten (in either order,
-on any replica) can never bring the memory back.
+on any replica) can never bring the memory back. The vector upsert runs under that same lock
+(`then`), so the same holds for the vector index.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import asyncpg
 
 from libs.db import Database, rowcount
-from services.retriever.domain import Document, SearchQuery
+from services.retriever.domain import Document
 
 __all__ = ["PostgresDocuments"]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::text[]) AS m ORDER BY m"
 _UPSERT = (
     "INSERT INTO documents (memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
-    " terms, tags, created_at, expires_at)"
-    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12"
+    " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id, attributes)"
+    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18"
     " WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE memory_id = $1::uuid)"
     " ON CONFLICT (memory_id) DO UPDATE SET content = EXCLUDED.content, terms = EXCLUDED.terms,"
-    " tags = EXCLUDED.tags, confidence = EXCLUDED.confidence, expires_at = EXCLUDED.expires_at,"
+    " tags = EXCLUDED.tags, confidence = EXCLUDED.confidence, source = EXCLUDED.source,"
+    " expires_at = EXCLUDED.expires_at, key = EXCLUDED.key, derived_from = EXCLUDED.derived_from,"
+    " engagement = EXCLUDED.engagement, archived = EXCLUDED.archived, attributes = EXCLUDED.attributes,"
     " indexed_at = now()"
 )
 _COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
-            " terms, tags, created_at, expires_at")
+            " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id,"
+            " attributes")
+
+
+def _document(r: asyncpg.Record) -> Document:
+    return Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
+                       "derived_from": tuple(r["derived_from"]), "attributes": dict(r["attributes"])})
 
 
 class PostgresDocuments:
@@ -43,50 +54,60 @@ class PostgresDocuments:
         async with self.db.transaction(tenant_id) as conn:
             return await work(conn)
 
-    async def upsert(self, d: Document) -> bool:
-        """Index `d` unless its memory was forgotten; True when it was indexed."""
+    async def upsert(self, d: Document, then: Callable[[], Awaitable[None]] | None = None) -> bool:
+        """Index `d` unless its memory was forgotten; True when it was indexed. `then` (the vector upsert)
+        runs only when it was, under the memory's lock and inside the transaction: if it fails, nothing
+        is kept and the event is retried."""
         async def work(conn: asyncpg.Connection) -> bool:
             await conn.execute(_LOCK, [d.memory_id])
-            return rowcount(await conn.execute(
+            indexed = rowcount(await conn.execute(
                 _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
-                d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at)) == 1
+                d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
+                d.engagement, d.archived, d.step_id, d.attributes)) == 1  # jsonb: the pool codec encodes it
+            if indexed and then is not None:
+                await then()
+            return indexed
 
         return await self._in_transaction(d.tenant_id, work)
 
-    async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
-        """Leave tombstones, then delete: a late or concurrent memory.written cannot bring them back."""
+    async def delete(self, tenant_id: str, memory_ids: list[str],
+                     then: Callable[[], Awaitable[None]] | None = None) -> int:
+        """Leave tombstones, then delete, then `then` (the vector purge), all under the memories' locks:
+        a late or concurrent memory.written cannot bring them back."""
         async def work(conn: asyncpg.Connection) -> int:
             await conn.execute(_LOCK, memory_ids)
             await conn.execute("INSERT INTO tombstones (memory_id, tenant_id) SELECT unnest($1::uuid[]), $2"
                                " ON CONFLICT DO NOTHING", memory_ids, tenant_id)
-            return rowcount(await conn.execute(
+            removed = rowcount(await conn.execute(
                 "DELETE FROM documents WHERE tenant_id = $1 AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids))
+            if then is not None:
+                await then()
+            return removed
 
         return await self._in_transaction(tenant_id, work)
 
-    async def candidates(self, q: SearchQuery, limit: int) -> list[Document]:
-        args: list[object] = [q.tenant_id, list(q.terms)]
-        where = ["tenant_id = $1", "terms && $2::text[]", "(expires_at IS NULL OR expires_at > now())"]
+    async def fetch(self, tenant_id: str, memory_ids: list[str]) -> dict[str, Document]:
+        """The tenant's documents among `memory_ids` (row-level security confines it to the tenant too)."""
+        if not memory_ids:
+            return {}
+        async with self.db.transaction(tenant_id) as conn:
+            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+                                    " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
+        return {r["memory_id"]: _document(r) for r in rows}
 
-        def bind(condition: str, value: object) -> None:
-            args.append(value)
-            where.append(condition.replace("?", f"${len(args)}"))
-
-        if q.user_id:
-            bind("user_id = ?", q.user_id)
-        if q.layers:
-            bind("layer = ANY(?::smallint[])", list(q.layers))
-        if q.tags:
-            bind("tags @> ?::text[]", list(q.tags))
-        if q.since:
-            bind("created_at >= ?", q.since)
-        if q.until:
-            bind("created_at < ?", q.until)
-        if q.min_confidence:
-            bind("confidence <= ?", q.min_confidence)
-        args.append(limit)
-        query = (f"SELECT {_COLUMNS} FROM documents WHERE {' AND '.join(where)}"
-                 f" ORDER BY created_at DESC LIMIT ${len(args)}")
-        async with self.db.transaction(q.tenant_id) as conn:
-            rows = await conn.fetch(query, *args)
-        return [Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"])}) for r in rows]
+    async def all_documents(self, tenant_id: str | None, batch: int = 500):
+        """Every indexed document (one tenant, or all of them: cross-tenant machinery such as a rebuild)."""
+        after = "00000000-0000-0000-0000-000000000000"
+        while True:
+            if tenant_id is None:
+                async with self.db.system_transaction() as conn:
+                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id > $1::uuid"
+                                            " ORDER BY memory_id LIMIT $2", after, batch)
+            else:
+                async with self.db.transaction(tenant_id) as conn:
+                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1 AND"
+                                            " memory_id > $2::uuid ORDER BY memory_id LIMIT $3", tenant_id, after, batch)
+            if not rows:
+                return
+            yield [_document(r) for r in rows]
+            after = rows[-1]["memory_id"]

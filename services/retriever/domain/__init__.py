@@ -1,3 +1,5 @@
-from services.retriever.domain.search import Document, Hit, SearchQuery, rank
+from services.retriever.domain.search import MODES, Candidate, Document, Hit, SearchQuery, fuse, rescore
+from services.retriever.domain.sparse import Bm25, SparseVector, redact, terms
 
-__all__ = ["Document", "Hit", "SearchQuery", "rank"]
+__all__ = ["MODES", "Bm25", "Candidate", "Document", "Hit", "SearchQuery", "SparseVector", "fuse", "redact",
+           "rescore", "terms"]

@@ -14,14 +14,16 @@ SCOPES = {"Search": "memory:read"}
 
 
 class RetrieverServicer(memory_pb2_grpc.RetrieverServicer):
-    def __init__(self, store: DocumentStore) -> None:
-        self.store = store
+    def __init__(self, store: DocumentStore, retrieval: handlers.Retrieval) -> None:
+        self.store, self.retrieval = store, retrieval
 
     async def Search(self, request, context):
-        hits = await handlers.search(query_from_proto(request), self.store)
+        # The auth interceptor refuses a request whose tenant is not the token's, so the request's
+        # tenant is the caller's here.
+        hits = await handlers.search(query_from_proto(request), self.store, self.retrieval)
         return memory_pb2.SearchResponse(hits=[hit_to_proto(h) for h in hits])
 
 
-def registration(store: DocumentStore) -> Registration:
-    return Registration(memory_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(store),
+def registration(store: DocumentStore, retrieval: handlers.Retrieval) -> Registration:
+    return Registration(memory_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(store, retrieval),
                         "mnemesh.v1.Retriever", SCOPES)

@@ -1,4 +1,4 @@
-"""Memory events -> the retriever's projection."""
+"""Memory events -> the retriever's projection (PostgreSQL documents + the vector index)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,20 @@ import asyncpg
 from libs.events import Envelope
 from services.retriever.adapters.mapping import document_from_proto
 from services.retriever.service_layer import handlers
-from services.retriever.service_layer.ports import DocumentStore, VectorIndex
+from services.retriever.service_layer.ports import DocumentStore
 
 __all__ = ["on_memory_event"]
 
 
-def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], index: VectorIndex):
+def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], retrieval: handlers.Retrieval):
     async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
         message = envelope.message()
-        if envelope.event_type == "memory.written":
-            await handlers.index_document(document_from_proto(message.memory), store_in(conn))
-        elif envelope.event_type == "memory.forgotten":
-            await handlers.forget_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn), index)
+        if envelope.event_type == "memory.written":  # a new memory, a correction or a confirmation
+            await handlers.index_document(document_from_proto(message.memory), store_in(conn), retrieval)
+        elif envelope.event_type == "memory.forgotten":  # forgotten, expired, quarantined: out of every store
+            await handlers.forget_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn),
+                                            retrieval.index)
+        if retrieval.observe is not None:
+            retrieval.observe.lag(envelope.occurred_at)
 
     return handle

@@ -1,33 +1,47 @@
-"""Ports of the retriever: where documents live, and the vector index."""
+"""Ports of the retriever: where documents live, the vector index, the embedder."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from services.retriever.domain import Document, SearchQuery
+from services.retriever.domain import Document, SparseVector
 
-__all__ = ["DocumentStore", "VectorIndex"]
+__all__ = ["DocumentStore", "Embedder", "VectorIndex"]
 
 
 class DocumentStore(Protocol):
-    async def upsert(self, document: Document) -> bool:
-        """Index `document`, unless its memory was forgotten (events may come out of order); True if indexed."""
+    async def upsert(self, document: Document, then: Callable[[], Awaitable[None]] | None = None) -> bool:
+        """Index `document` unless its memory was forgotten (events may come out of order); True if indexed.
+        `then` runs only if it was, under the memory's lock, before commit."""
         ...
 
-    async def delete(self, tenant_id: str, memory_ids: list[str]) -> int:
+    async def delete(self, tenant_id: str, memory_ids: list[str],
+                     then: Callable[[], Awaitable[None]] | None = None) -> int:
         """Remove the tenant's documents and remember them as forgotten; return how many were removed."""
         ...
 
-    async def candidates(self, query: SearchQuery, limit: int) -> list[Document]:
-        """Documents that pass the query's hard filters (tenant first) and share a term with it."""
+    async def fetch(self, tenant_id: str, memory_ids: list[str]) -> dict[str, Document]:
+        """The tenant's documents among these ids."""
         ...
 
 
 class VectorIndex(Protocol):
-    """Every operation is confined to one tenant."""
+    """Every operation is confined to one tenant. Every method blocks (run it off the event loop)."""
 
-    def upsert(self, tenant_id: str, memory_id: str, dense: list[float], payload: dict | None = None) -> None: ...
-    def search(self, tenant_id: str, dense: list[float], limit: int) -> list[tuple[str, float]]: ...
+    def upsert(self, documents: list[tuple[Document, list[float], SparseVector]]) -> None: ...
+    def query(self, iq) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]: ...
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None: ...
     def count(self, tenant_id: str | None = None) -> int: ...
+    def optimize(self) -> bool: ...
     def close(self) -> None: ...
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+    batch: int
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Unit-length vectors, one per text (blocking)."""
+        ...

@@ -79,7 +79,7 @@ class ForgetResponse(_message.Message):
     def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("tenant", "query", "limit", "layers", "tags", "since", "until", "min_confidence")
+    __slots__ = ("tenant", "query", "limit", "layers", "tags", "since", "until", "min_confidence", "mode", "fusion", "include_archived", "two_stage", "recency_weight", "confidence_weight", "engagement_weight", "half_life_days", "dense_weight", "candidates")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,16 @@ class SearchRequest(_message.Message):
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    TWO_STAGE_FIELD_NUMBER: _ClassVar[int]
+    RECENCY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENGAGEMENT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    HALF_LIFE_DAYS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     query: str
     limit: int
@@ -96,19 +106,37 @@ class SearchRequest(_message.Message):
     since: _timestamp_pb2.Timestamp
     until: _timestamp_pb2.Timestamp
     min_confidence: _common_pb2.Confidence
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[_common_pb2.MemoryLayer, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ...) -> None: ...
+    mode: str
+    fusion: str
+    include_archived: bool
+    two_stage: bool
+    recency_weight: float
+    confidence_weight: float
+    engagement_weight: float
+    half_life_days: float
+    dense_weight: float
+    candidates: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[_common_pb2.MemoryLayer, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., mode: _Optional[str] = ..., fusion: _Optional[str] = ..., include_archived: _Optional[bool] = ..., two_stage: _Optional[bool] = ..., recency_weight: _Optional[float] = ..., confidence_weight: _Optional[float] = ..., engagement_weight: _Optional[float] = ..., half_life_days: _Optional[float] = ..., dense_weight: _Optional[float] = ..., candidates: _Optional[int] = ...) -> None: ...
 
 class SearchHit(_message.Message):
-    __slots__ = ("memory", "score", "must_confirm", "age_seconds")
+    __slots__ = ("memory", "score", "must_confirm", "age_seconds", "dense_score", "sparse_score", "fused_score", "recency")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
     AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
+    RECENCY_FIELD_NUMBER: _ClassVar[int]
     memory: _common_pb2.Memory
     score: float
     must_confirm: bool
     age_seconds: float
-    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., must_confirm: _Optional[bool] = ..., age_seconds: _Optional[float] = ...) -> None: ...
+    dense_score: float
+    sparse_score: float
+    fused_score: float
+    recency: float
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., must_confirm: _Optional[bool] = ..., age_seconds: _Optional[float] = ..., dense_score: _Optional[float] = ..., sparse_score: _Optional[float] = ..., fused_score: _Optional[float] = ..., recency: _Optional[float] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits",)

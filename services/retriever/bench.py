@@ -1,0 +1,235 @@
+"""`mnemesh bench search`: the retriever's costs, each beside its floor, in one run.
+
+- raw embedder throughput (the model alone, best batch size) vs indexing throughput through the whole
+  pipeline (redaction, embedding through the batcher, BM25, PostgreSQL upsert under the memory's lock,
+  Qdrant upsert), with `concurrency` memories in flight;
+- raw engine hybrid query (dense + sparse, filters) vs the Search handler with the query vector given
+  (fusion, PostgreSQL read-back, rescoring), and with the query embedded;
+- read-after-write visibility: an event acknowledged by Redis (XADD) -> found by search, at `rate` writes/s,
+  through the real bus consumer (own group, idempotent handler).
+The memories are synthetic, half English and half Chinese, in one tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+
+from libs.config import Settings
+from libs.db import Database, apply_migrations, load_migrations
+
+__all__ = ["bench_search"]
+
+TENANT = "bench"
+_EN = (["I", "My sister", "Our team", "The manager", "My friend Alex", "The landlord", "My doctor"],
+       ["booked", "cancelled", "moved", "discussed", "paid for", "forgot about", "planned"],
+       ["the flight to Lisbon", "the dentist appointment", "the quarterly report", "the kitchen renovation",
+        "the piano lessons", "the car insurance", "the team offsite", "the birthday party", "the rent"],
+       ["on Monday", "next week", "in March", "yesterday", "after the meeting", "before the holidays"])
+_ZH = (["我", "我妈妈", "我们团队", "经理", "我的朋友小王", "房东", "医生"],
+       ["预订了", "取消了", "推迟了", "讨论了", "支付了", "忘记了", "安排了"],
+       ["去上海的机票", "牙医预约", "季度报告", "厨房装修", "钢琴课", "车险", "团队团建", "生日聚会", "房租"],
+       ["在周一", "下周", "三月份", "昨天", "开会以后", "放假之前"])
+
+
+def _texts(n: int, rng: random.Random) -> list[str]:
+    out = []
+    for i in range(n):
+        parts = _ZH if i % 2 else _EN
+        words = [rng.choice(p) for p in parts]
+        out.append(("".join(words) + f"，编号{i}。") if i % 2 else (" ".join(words) + f", ref {i}."))
+    return out
+
+
+def _pct(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
+
+
+def _stats(samples: list[float]) -> dict:
+    return {"p50_ms": round(statistics.median(samples), 3), "p95_ms": round(_pct(samples, 0.95), 3),
+            "p99_ms": round(_pct(samples, 0.99), 3), "samples": len(samples)}
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def bench_search(settings: Settings, repetitions: int, warmup: int, memories: str = "10000",
+                       concurrency: int = 64, rate: float = 50.0, writes: int = 200) -> dict:
+    from services.retriever.adapters.embedders import open_embedder
+    from services.retriever.adapters.postgres import PostgresDocuments
+    from services.retriever.adapters.vectors import EdgeVectorIndex, IndexQuery
+    from services.retriever.domain import Bm25, Document, SearchQuery
+    from services.retriever.service_layer.batching import BatchingEmbedder
+    from services.retriever.service_layer.handlers import Retrieval, index_document, search
+
+    sizes = [int(s) for s in str(memories).split(",")]
+    rng = random.Random(1)
+    embedder = await asyncio.to_thread(open_embedder, settings.embedder, threads=settings.embedder_threads)
+    sample = _texts(1024, rng)
+    await asyncio.to_thread(embedder.embed, sample[:256])  # warm-up: allocations, caches
+    raw = {}
+    for batch in (16, 32, 64, 128):
+        started = time.perf_counter()
+        for i in range(0, len(sample), batch):
+            await asyncio.to_thread(embedder.embed, sample[i:i + batch])
+        raw[batch] = len(sample) / (time.perf_counter() - started)
+    best_batch = max(raw, key=raw.get)
+    _say(f"raw embedder ({embedder.name}): " + ", ".join(f"batch {b}: {v:.0f}/s" for b, v in raw.items()))
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    await apply_migrations(settings.database_url, schema, load_migrations() + load_migrations("services.retriever"))
+    db = Database(settings.database_url, schema, max_size=8)
+    await db.open()
+    tmp = tempfile.TemporaryDirectory(prefix="mnemesh-bench-")
+    index = EdgeVectorIndex(Path(tmp.name) / "memories", dim=embedder.dim, hnsw_m=settings.hnsw_m,
+                            hnsw_ef_construct=settings.hnsw_ef_construct)
+    retrieval = Retrieval(index, BatchingEmbedder(embedder, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
+    store = PostgresDocuments(db)
+    now = datetime.now(UTC)
+    runs = []
+    loaded = 0
+    try:
+        for size in sizes:
+            texts = _texts(size - loaded, random.Random(size))
+            docs = [Document(memory_id=str(uuid.uuid4()), tenant_id=TENANT, user_id=f"u{i % 50}", session_id="s",
+                             layer=5, source=2, confidence=1 + i % 3, content=t, terms=(), tags=(),
+                             created_at=now - timedelta(minutes=i), expires_at=None) for i, t in enumerate(texts)]
+            gate = asyncio.Semaphore(concurrency)
+
+            async def one(d: Document, gate: asyncio.Semaphore = gate) -> None:
+                async with gate:
+                    await index_document(d, store, retrieval)
+
+            started = time.perf_counter()
+            for i in range(0, len(docs), 1000):
+                await asyncio.gather(*(one(d) for d in docs[i:i + 1000]))
+                _say(f"  indexed {loaded + min(i + 1000, len(docs))}/{size}")
+            index_rate = len(docs) / (time.perf_counter() - started)
+            loaded = size
+            started = time.perf_counter()
+            await asyncio.to_thread(index.optimize)  # what the service's optimizer task does every 30 s
+            optimize_s = time.perf_counter() - started
+
+            queries = [t.split(",")[0].split("，")[0] for t in _texts(64, random.Random(7))]
+            vectors = await asyncio.to_thread(embedder.embed, queries)
+            bm25 = retrieval.bm25
+            engine, handler, embedded = [], [], []
+            for i in range(warmup + repetitions):
+                n = i % len(queries)
+                q = SearchQuery(TENANT, "", queries[n], limit=10, mode="hybrid").validated()
+                t0 = time.perf_counter()
+                await asyncio.to_thread(index.query, IndexQuery(q, vectors[n], bm25.query(queries[n]), now, q.candidates))
+                t1 = time.perf_counter()
+                await search(q, store, retrieval, dense=vectors[n])
+                t2 = time.perf_counter()
+                await search(q, store, retrieval)
+                t3 = time.perf_counter()
+                if i >= warmup:
+                    engine.append((t1 - t0) * 1000)
+                    handler.append((t2 - t1) * 1000)
+                    embedded.append((t3 - t2) * 1000)
+            runs.append({"memories": size, "index_texts_per_s": round(index_rate, 1), "optimize_s": round(optimize_s, 1),
+                         "raw_engine": _stats(engine), "search": _stats(handler),
+                         "search_with_embedding": _stats(embedded)})
+            _say(f"{size} memories: index {index_rate:.0f}/s, optimize {optimize_s:.1f} s, engine p95 {_pct(engine, .95):.2f} ms, search p95 "
+                 f"{_pct(handler, .95):.2f} ms, with embedding p95 {_pct(embedded, .95):.2f} ms")
+        visibility = await _visibility(settings, db, retrieval, rate, writes)
+        _say(f"visibility at {rate:.0f} writes/s: p50 {visibility['p50_ms']} ms, p95 {visibility['p95_ms']} ms")
+    finally:
+        await asyncio.to_thread(index.close)
+        tmp.cleanup()
+        await db.close()
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        finally:
+            await conn.close()
+    last = runs[-1]
+    raw_best = raw[best_batch]
+    summary = {
+        "raw_embed_texts_per_s": round(raw_best, 1),
+        "index_texts_per_s": last["index_texts_per_s"],
+        "index_ratio": round(last["index_texts_per_s"] / raw_best, 3),
+        "raw_engine_p95_ms": last["raw_engine"]["p95_ms"],
+        "search_p95_ms": last["search"]["p95_ms"],
+        "search_p95_ratio": round(last["search"]["p95_ms"] / last["raw_engine"]["p95_ms"], 3),
+        "search_with_embedding_p95_ms": last["search_with_embedding"]["p95_ms"],
+        "visibility_p95_ms": visibility["p95_ms"],
+        "memories": last["memories"],
+    }
+    return {"results": [{"raw_embed": {str(b): round(v, 1) for b, v in raw.items()}, "embedder": embedder.name,
+                         "runs": runs, "visibility": visibility}], "summary": summary}
+
+
+async def _visibility(settings: Settings, db: Database, retrieval, rate: float, writes: int) -> dict:
+    """Publish memory.written events at `rate`/s; time XADD acknowledged -> the memory found by search."""
+    from libs.events import Envelope
+    from libs.events.bus import EventBus
+    from libs.events.schema import MEMORY_EVENTS
+    from libs.idempotency import idempotent
+    from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
+    from services.retriever.adapters.postgres import PostgresDocuments
+    from services.retriever.domain import SearchQuery
+    from services.retriever.entrypoints.streams import on_memory_event
+    from services.retriever.service_layer.handlers import search
+
+    namespace = f"bench{uuid.uuid4().hex[:6]}"
+    bus = EventBus(settings.redis_url, consumer_name="bench", namespace=namespace)
+    bus.subscribe(MEMORY_EVENTS, "retriever", idempotent(db, "retriever", on_memory_event(
+        lambda conn: PostgresDocuments(db, conn), retrieval)))
+    await bus.start()
+    store = PostgresDocuments(db)
+    samples: list[float] = []
+    pending: dict[str, float] = {}  # token -> when its XADD was acknowledged
+    done = asyncio.Event()
+
+    async def check() -> None:
+        """One checker, oldest write first (one poller per write would queue hundreds of index queries
+        in the thread pool ahead of the consumer's own upserts and measure that queue instead)."""
+        while not (done.is_set() and not pending):
+            for token, acked in list(pending.items()):
+                query = SearchQuery(TENANT, "visibility", token, limit=1, mode="sparse")
+                if await search(query, store, retrieval):
+                    samples.append((time.perf_counter() - acked) * 1000)
+                    del pending[token]
+            await asyncio.sleep(0.001)  # a benchmark polls; tests never do
+
+    checker = asyncio.create_task(check())
+    try:
+        for i in range(writes):
+            # letters only: a run of 9+ digits would be redacted as a possible card or phone number
+            token = "vis" + "".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10))
+            memory = common_pb2.Memory(memory_id=str(uuid.uuid4()), layer=5, source=2, confidence=1,
+                                       tenant=common_pb2.TenantContext(tenant_id=TENANT, user_id="visibility"),
+                                       content=f"visibility probe {token} number {i}")
+            memory.created_at.GetCurrentTime()
+            envelope = Envelope.wrap(events_pb2.MemoryWritten(memory=memory), event_type="memory.written",
+                                     tenant_id=TENANT)
+            await bus.publish(envelope)
+            pending[token] = time.perf_counter()
+            await asyncio.sleep(1 / rate)
+        done.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(checker), timeout=120)
+        except TimeoutError:
+            pass  # reported below as not visible: the consumer could not keep up at this rate
+    finally:
+        checker.cancel()
+        await bus.stop()
+        redis = await bus.redis()
+        await redis.delete(bus.stream_name(MEMORY_EVENTS))
+    if not samples:
+        return {"rate_per_s": rate, "p50_ms": None, "p95_ms": None, "p99_ms": None, "samples": 0,
+                "not_visible_after_120s": len(pending)}
+    return {"rate_per_s": rate, **_stats(samples), "not_visible_after_120s": len(pending)}

@@ -1,0 +1,139 @@
+"""Search on the real path: the multilingual model, BM25, the embedded Qdrant engine, PostgreSQL, the stream handler."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from libs.db import Database, apply_migrations, load_migrations
+from libs.events import Envelope
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
+from services.retriever.adapters.embedders import UseEmbedder
+from services.retriever.adapters.mapping import query_from_proto
+from services.retriever.adapters.memory import InMemoryDocuments
+from services.retriever.adapters.postgres import PostgresDocuments
+from services.retriever.adapters.vectors import EdgeVectorIndex
+from services.retriever.domain import Bm25, Document, SearchQuery
+from services.retriever.evaluation import DATASET, evaluate, load_dataset
+from services.retriever.service_layer.batching import BatchingEmbedder
+from services.retriever.service_layer.handlers import Retrieval, index_document, search
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime.now(UTC)
+
+
+@pytest.fixture(scope="session")
+def model() -> UseEmbedder:
+    return UseEmbedder()  # loaded once for the session (about a second)
+
+
+@pytest.fixture
+def retrieval(model: UseEmbedder, tmp_path: Path):
+    index = EdgeVectorIndex(tmp_path / "memories", dim=model.dim, hnsw_m=8, hnsw_ef_construct=50)
+    yield Retrieval(index, BatchingEmbedder(model), Bm25())
+    index.close()
+
+
+@pytest.fixture
+async def documents(database_url: str, schema: str, db: Database) -> PostgresDocuments:
+    await apply_migrations(database_url, schema, load_migrations("services.retriever"))
+    return PostgresDocuments(db)
+
+
+def document(tenant: str, content: str, **kw) -> Document:
+    fields = dict(memory_id=str(uuid.uuid4()), tenant_id=tenant, user_id="u1", session_id="s1", layer=5, source=2,
+                  confidence=1, content=content, terms=(), tags=(), created_at=NOW, expires_at=None)
+    return Document(**{**fields, **kw})
+
+
+async def test_hybrid_beats_each_single_mode_on_the_shipped_dataset(retrieval: Retrieval) -> None:
+    report = await evaluate(load_dataset(DATASET), InMemoryDocuments(), retrieval, progress=False,
+                            modes=("dense", "sparse", "hybrid"))
+    overall = {mode: r["overall"] for mode, r in report["results"].items()}
+    for metric in ("mrr", "ndcg@10", "recall@5"):
+        assert overall["hybrid"][metric] > overall["dense"][metric], (metric, overall)
+        assert overall["hybrid"][metric] > overall["sparse"][metric], (metric, overall)
+
+
+CHINESE = ["我的护照下个月就要过期了，得去出入境办理换证", "周末和朋友去西湖边骑自行车", "公司年会定在十二月二十号",
+           "我对青霉素过敏，看病时要提醒医生", "女儿的钢琴老师姓刘"]
+
+
+async def test_chinese_queries_find_chinese_memories_by_keyword_and_by_meaning(
+    documents: PostgresDocuments, retrieval: Retrieval
+) -> None:
+    docs = [document("acme", text) for text in CHINESE]
+    for d in docs:
+        await index_document(d, documents, retrieval)
+
+    async def top(text: str, mode: str) -> str:
+        hits = await search(SearchQuery("acme", "u1", text, mode=mode), documents, retrieval)
+        return hits[0].document.content
+
+    assert await top("护照", "sparse") == CHINESE[0]  # by keyword
+    assert await top("青霉素", "sparse") == CHINESE[3]
+    assert await top("出国用的证件快失效了", "dense") == CHINESE[0]  # by meaning: no shared word
+    assert await top("哪些药物不能用", "dense") == CHINESE[3]
+    assert await top("孩子学乐器的老师是谁", "full") == CHINESE[4]
+
+
+async def test_tenant_a_never_sees_tenant_b_whatever_the_request_says(
+    documents: PostgresDocuments, retrieval: Retrieval
+) -> None:
+    rng = random.Random(5)
+    texts = ["the invoice for the harbour office", "my phone plan renewal", "dinner with the Lindqvists",
+             "我的电话号码换了", "project launch in December"]
+    for tenant in ("acme", "globex"):
+        for text in texts:
+            await index_document(document(tenant, text, user_id=rng.choice(["u1", "u2"]), layer=rng.choice([1, 5]),
+                                          tags=tuple(rng.sample(["a", "b"], rng.randint(0, 2)))), documents, retrieval)
+    for _ in range(60):
+        request = memory_pb2.SearchRequest(
+            tenant=common_pb2.TenantContext(tenant_id=rng.choice(["acme", "globex", "*", ""]),
+                                            user_id=rng.choice(["", "u1", "u2"])),
+            query=rng.choice(texts + ["invoice", "电话", "office phone"]), limit=rng.randint(1, 20),
+            mode=rng.choice(["dense", "sparse", "hybrid", "full"]), fusion=rng.choice(["rrf", "score"]),
+            include_archived=rng.random() < 0.5, two_stage=rng.random() < 0.3,
+            layers=rng.sample([1, 5], rng.randint(0, 1)), tags=rng.sample(["a", "b"], rng.randint(0, 1)))
+        hits = await search(query_from_proto(request, tenant_id="acme"), documents, retrieval)
+        assert {h.document.tenant_id for h in hits} <= {"acme"}, request
+
+
+async def test_forgotten_and_expired_memories_leave_search_within_one_projection_cycle(
+    db: Database, documents: PostgresDocuments, retrieval: Retrieval
+) -> None:
+    from libs.idempotency import idempotent
+    from services.retriever.entrypoints.streams import on_memory_event
+
+    handle = idempotent(db, "retriever", on_memory_event(lambda conn: PostgresDocuments(db, conn), retrieval))
+    tenant = common_pb2.TenantContext(tenant_id="acme", user_id="u1")
+
+    def written(content: str, expires: datetime | None = None) -> tuple[str, Envelope]:
+        memory = common_pb2.Memory(memory_id=str(uuid.uuid4()), tenant=tenant, layer=5, source=2, confidence=1,
+                                   content=content)
+        memory.created_at.FromDatetime(NOW)
+        if expires:
+            memory.expires_at.FromDatetime(expires)
+        return memory.memory_id, Envelope.wrap(events_pb2.MemoryWritten(memory=memory), event_type="memory.written",
+                                               tenant_id="acme")
+
+    forgotten_id, w1 = written("my passport number is in the drawer")
+    expiring_id, w2 = written("my passport photo appointment", expires=NOW + timedelta(hours=1))
+    for envelope in (w1, w2):
+        await handle(envelope)
+
+    async def found(now: datetime | None = None) -> set[str]:
+        hits = await search(SearchQuery("acme", "u1", "passport", mode="hybrid"), documents, retrieval, now=now)
+        return {h.document.memory_id for h in hits}
+
+    assert await found() == {forgotten_id, expiring_id}
+    await handle(Envelope.wrap(events_pb2.MemoryForgotten(tenant=tenant, memory_ids=[forgotten_id]),
+                               event_type="memory.forgotten", tenant_id="acme"))
+    assert await found() == {expiring_id}
+    assert await found(now=NOW + timedelta(hours=2)) == set()  # expired: filtered in the index and again after
+    assert retrieval.index.count("acme") == 1

@@ -39,6 +39,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
                 await asyncio.to_thread(index.optimize)
 
     ctx.tasks.append(optimize_index)
+
     async def publish_accesses(tenant_id: str, user_id: str, memory_ids: list[str], at) -> None:
         message = events_pb2.MemoryAccessed(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
                                             memory_ids=memory_ids)
@@ -47,8 +48,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
                               stream=MEMORY_ACCESS)
 
     accesses = AccessBatcher(publish_accesses)
-    ctx.tasks.append(accesses.run)
-    ctx.closers.append(accesses.flush)
+    ctx.tasks.append(accesses.run)  # flushes once more when cancelled, before the bus stops
     retrieval = Retrieval(index, BatchingEmbedder(embedder), Bm25(avg_len=s.bm25_avg_len),
                           RetrieverMetrics(index.count), accesses)
     ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))

@@ -48,6 +48,11 @@ class AccessBatcher:
         return sent
 
     async def run(self, every_seconds: float = 5.0) -> None:
-        while True:
-            await asyncio.sleep(every_seconds)
-            await self.flush()
+        """Flush every `every_seconds`, and once more when cancelled (the service stopping): background
+        tasks stop before the bus does, so the last accesses still go out."""
+        try:
+            while True:
+                await asyncio.sleep(every_seconds)
+                await self.flush()
+        finally:
+            await asyncio.shield(self.flush())

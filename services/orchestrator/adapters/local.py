@@ -47,6 +47,8 @@ def sample_tools() -> dict[str, Handler]:
 class LocalTools:
     handlers: dict[str, Handler] = field(default_factory=sample_tools)
     statuses: dict[str, CallStatus] = field(default_factory=dict)  # what status() answers per call id
+    default_status: CallStatus = field(default_factory=lambda: CallStatus("unknown"))
+    status_checks: list[str] = field(default_factory=list)
     calls: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -70,7 +72,8 @@ class LocalTools:
             raise
 
     async def status(self, tenant_id: str, call_id: str) -> CallStatus:
-        return self.statuses.get(call_id, CallStatus("unknown"))
+        self.status_checks.append(call_id)
+        return self.statuses.get(call_id, self.default_status)
 
     async def list_tools(self, tenant_id: str) -> list[ToolInfo]:
         return [ToolInfo(name, f"local fixture tool {name}", {"type": "object"}) for name in sorted(self.handlers)]

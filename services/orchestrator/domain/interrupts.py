@@ -44,7 +44,8 @@ class Phrases:
 
 
 DEFAULT_PHRASES = Phrases(
-    soft=("wait", "hold on", "hang on", "one moment", "one sec", "just a moment", "pause", "no wait",
+    soft=("wait", "hold on", "hang on", "one moment", "one sec", "just a moment", "pause", "no wait", "wait a sec",
+          "wait a moment", "wait a minute", "hang on a sec", "hold on a sec", "hold up", "停一下",
           "等一下", "等等", "稍等", "先等等", "暂停", "等一会"),
     hard=("cancel", "cancel that", "cancel it", "stop", "stop it", "forget it", "never mind", "nevermind", "abort",
           "算了", "取消", "不用了", "别查了", "停下", "停", "不要了"),
@@ -146,8 +147,6 @@ class InterruptDetector:
         after = core[len(filler)]
         if _is_word_char(filler[-1]) and _is_word_char(after):
             return None
-        if not _is_word_char(filler[-1]) and after not in _SEPARATORS:
-            return None  # a CJK filler only goes when a separator follows ("请，" but not "请问")
         return core[len(filler):].strip(_SEPARATORS)
 
     @staticmethod

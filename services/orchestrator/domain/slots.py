@@ -60,6 +60,6 @@ VALIDATORS: dict[str, SlotValidator] = {v.name: v for v in [
     SlotValidator("date", r"\d{4}-\d{1,2}-\d{1,2}", r"\d{4}-\d{2}-\d{2}", "the date must be YYYY-MM-DD"),
     SlotValidator("amount", r"\d+(?:\.\d+)?", r"\d{1,12}(?:\.\d{1,2})?",
                   "the amount must be a number with at most two decimals"),
-    SlotValidator("order_id", r"(?i)\b[A-Z]{1,3}-?\d{3,12}\b", r"[A-Za-z]{1,3}-?\d{4,10}",
+    SlotValidator("order_id", r"(?i)\b[A-Z]{1,3}-?\d{1,12}\b", r"[A-Za-z]{1,3}-?\d{4,10}",
                   "an order number is 1-3 letters and 4-10 digits, e.g. A12345"),
 ]}

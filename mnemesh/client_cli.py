@@ -130,9 +130,14 @@ def session_follow(settings: Settings, ns: argparse.Namespace) -> int:
             if event.HasField("message_appended"):
                 m = event.message_appended
                 print(f"{event.version}  {m.role}@{m.device_id}: {m.text}", flush=True)
-            else:
+            elif event.HasField("state_changed"):
                 s = event.state_changed
                 print(f"{event.version}  state {s.from_state} -> {s.to_state} ({s.reason})", flush=True)
+            else:  # task, slot, decision and action events: their type and fields on one line
+                field = event.event_type.removeprefix("session.")
+                body = getattr(event, field, None)
+                detail = " ".join(f"{k.name}={v}" for k, v in body.ListFields() if k.name != "tenant") if body else ""
+                print(f"{event.version}  {field} {detail}", flush=True)
 
     try:
         return _run(settings, ns, "orchestrator", call)

@@ -72,6 +72,18 @@ EVENT_TYPES: dict[str, EventType] = {
                   "A user or assistant message was appended to a session."),
         EventType("session.state_changed", 1, SESSION_EVENTS, events_pb2.SessionStateChanged,
                   "A session's state machine moved."),
+        EventType("session.task_started", 1, SESSION_EVENTS, events_pb2.SessionTaskStarted,
+                  "A task (what a user message asked for) began."),
+        EventType("session.task_ended", 1, SESSION_EVENTS, events_pb2.SessionTaskEnded,
+                  "A task ended: done, cancelled, dropped, escalated or blocked."),
+        EventType("session.slot_filled", 1, SESSION_EVENTS, events_pb2.SessionSlotFilled,
+                  "A required slot of a task's intent got its value, with where it came from."),
+        EventType("session.decision_made", 1, SESSION_EVENTS, events_pb2.SessionDecisionMade,
+                  "A rule, the planner or the LLM decided what to do for a task."),
+        EventType("session.action_started", 1, SESSION_EVENTS, events_pb2.SessionActionStarted,
+                  "A tool call of a task began (its action id is the gateway call id and memory step id)."),
+        EventType("session.action_finished", 1, SESSION_EVENTS, events_pb2.SessionActionFinished,
+                  "A tool call of a task finished: ok, error, timeout or cancelled."),
     ]
 }
 

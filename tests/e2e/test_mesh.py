@@ -158,7 +158,9 @@ def test_the_cli_writes_searches_and_talks_to_a_session(mesh: Mesh) -> None:
     assert written.stdout.split()[0] in found.stdout and "绿茶" in found.stdout
     empty = cli("memory", "write", "   ")
     assert empty.returncode == 1 and "error (validation): content: must not be empty" in empty.stderr
-    assert cli("session", "send", "cli-session", "hello", "--expected-version", "0").stdout.startswith("version 1")
+    # The greeting rule answers: message, task, PARSING, decision, ROUTING, GENERATING, reply, task ended, IDLE.
+    assert cli("session", "send", "cli-session", "hello", "--expected-version", "0").stdout.startswith(
+        "version 9, state IDLE")
     stale = cli("session", "send", "cli-session", "again", "--expected-version", "0")
     assert stale.returncode == 1 and "error (conflict)" in stale.stderr and "Subscribe" in stale.stderr
 

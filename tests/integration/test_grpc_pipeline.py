@@ -17,7 +17,7 @@ from libs.config import Settings, load_settings
 from libs.protogen.mnemesh.v1 import common_pb2, sessions_pb2, sessions_pb2_grpc
 from libs.rpc import GrpcServer, channel, error_detail
 from mnemesh.infra import free_port
-from services.orchestrator.domain import Versioned
+from services.orchestrator.domain import Session, Versioned
 from services.orchestrator.entrypoints import grpc_api
 
 pytestmark = pytest.mark.integration
@@ -32,11 +32,14 @@ class MemorySessions:
     async def history(self, tenant_id, session_id):
         return list(self.events.get((tenant_id, session_id), []))
 
+    async def load(self, tenant_id, session_id):
+        return Session.replay(tenant_id, session_id, await self.history(tenant_id, session_id))
+
     async def update(self, tenant_id, session_id, decide):
-        history = await self.history(tenant_id, session_id)
+        session = await self.load(tenant_id, session_id)
         items = self.events.setdefault((tenant_id, session_id), [])
-        items += [Versioned(len(history) + i + 1, e) for i, e in enumerate(decide(history))]
-        return list(items)
+        items += [Versioned(session.version + i + 1, e) for i, e in enumerate(decide(session))]
+        return await self.load(tenant_id, session_id)
 
     async def follow(self, tenant_id, session_id, after_version):
         for item in self.events.get((tenant_id, session_id), []):
@@ -119,7 +122,8 @@ async def test_a_valid_token_with_the_scope_is_served_under_its_tenant(
 ) -> None:
     token = issue_token(settings, subject="u1", tenant_id="t1", scopes=["sessions:write"])
     reply = await call(address, token)  # the request names no tenant: the token's is stamped on it
-    assert reply.version == 1 and reply.state == "IDLE"
+    # No agent is wired here (the test is about the pipeline): the message starts a task and waits in PARSING.
+    assert reply.version == 3 and reply.state == "PARSING"
     assert list(sessions.events) == [("t1", "s1")]  # what the handler received, not just what it answered
     other = issue_token(settings, subject="u9", tenant_id="t2", scopes=["sessions:write"])
     await call(address, other)
@@ -165,7 +169,7 @@ async def test_a_stopping_server_reports_not_serving_before_it_stops_serving_cal
                 await anyio.sleep(0.01)
         # Draining: load balancers see NOT_SERVING, and calls in the window are still answered.
         reply = await call(f"127.0.0.1:{port}", token)
-        assert reply.version == 1
+        assert reply.version == 3
         await stopping
 
 

@@ -167,8 +167,6 @@ async def test_two_devices_converge_and_a_stale_device_gets_a_conflict(mesh: Set
         async def replica(device_events: list[int]) -> None:
             async for event in stub.Subscribe(sessions_pb2.SubscribeRequest(session_id=session, from_version=0)):
                 device_events.append(event.version)
-                if event.version == 2:
-                    return
 
         web, app = [], []
         async with anyio.create_task_group() as tg:
@@ -179,14 +177,17 @@ async def test_two_devices_converge_and_a_stale_device_gets_a_conflict(mesh: Set
                 await stub.Send(send("app", "for four people", 0), timeout=5)
             second = await stub.Send(send("app", "for four people", first.version), timeout=5)
             with anyio.fail_after(20):
-                while len(web) < 2 or len(app) < 2:
+                while web[-1:] != [second.version] or app[-1:] != [second.version]:
                     await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
         state = await stub.GetSession(sessions_pb2.GetSessionRequest(session_id=session), timeout=5)
     assert stale.value.code() == grpc.StatusCode.ABORTED
     assert error_detail(stale.value).field == "expected_version" and "Subscribe" in error_detail(stale.value).hint
-    assert (first.version, second.version) == (1, 2)
-    assert web == app == [1, 2]
-    assert list(state.messages) == ["book a table", "for four people"]
+    # Each send runs its turn (state changes and a reply are events too) before it answers.
+    assert 0 < first.version < second.version and (first.state, second.state) == ("IDLE", "IDLE")
+    assert web == app == list(range(1, second.version + 1))
+    user = [m for m in state.messages if m in ("book a table", "for four people")]
+    assert user == ["book a table", "for four people"] and len(state.messages) == 4  # each with its reply
 
 
 async def test_concurrent_writes_with_one_idempotency_key_store_one_memory(mesh: Settings) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from libs.errors import Conflict
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import DomainEvent, MemoryRecord
-from services.orchestrator.domain import SessionEvent, Versioned
+from services.orchestrator.domain import Session, SessionEvent, Versioned
 from services.retriever.adapters.memory import InMemoryDocuments
 from services.retriever.adapters.vectors import payload_of
 from services.retriever.domain import SparseVector
@@ -208,14 +209,18 @@ class FakeSessionRepository:
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
         return list(self.streams.get((tenant_id, session_id), []))
 
-    async def update(self, tenant_id: str, session_id: str, decide) -> list[Versioned]:
+    async def load(self, tenant_id: str, session_id: str) -> Session:
+        return Session.replay(tenant_id, session_id, await self.history(tenant_id, session_id))
+
+    async def update(self, tenant_id: str, session_id: str, decide) -> Session:
         async with self._locks.setdefault((tenant_id, session_id), asyncio.Lock()):
-            history = await self.history(tenant_id, session_id)
+            session = await self.load(tenant_id, session_id)
             await asyncio.sleep(0)  # let racing senders interleave up to the lock
-            events = decide(history)
+            events = decide(session)
             if events:
-                await self.append(tenant_id, session_id, len(history), events)
-            return await self.history(tenant_id, session_id)
+                events = [e if e.event_id else replace(e, event_id=str(uuid.uuid4())) for e in events]
+                await self.append(tenant_id, session_id, session.version, events)
+            return await self.load(tenant_id, session_id)
 
     async def append(self, tenant_id: str, session_id: str, expected_version: int,
                      events: list[SessionEvent]) -> int:
@@ -226,7 +231,8 @@ class FakeSessionRepository:
         if self.event_ids.intersection(ids) or len(set(ids)) != len(ids):
             raise Conflict("an event with this event_id is already stored", field="event_id", retryable=False)
         self.event_ids.update(ids)
-        stream.extend(Versioned(len(stream) + i, e) for i, e in enumerate(events, start=1))
+        base = len(stream)
+        stream.extend([Versioned(base + i, e) for i, e in enumerate(events, start=1)])
         self.appends += 1
         async with self._changed:
             self._changed.notify_all()

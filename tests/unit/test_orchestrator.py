@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -12,7 +11,7 @@ import pytest
 from fakes import FakeSessionRepository
 
 from libs.errors import Conflict, IdempotencyKeyReused, ValidationFailed
-from services.orchestrator.domain import MessageAppended, Session, State, StateChanged, Versioned
+from services.orchestrator.domain import MessageAppended, Session, State, StateChanged, TaskStarted, Versioned
 from services.orchestrator.service_layer.handlers import SendMessage, follow, get_session, send_message
 
 
@@ -45,9 +44,11 @@ def test_a_new_session_is_idle_at_version_zero() -> None:
     assert (session.version, session.state, session.messages) == (0, State.IDLE, [])
 
 
-def test_sending_yields_a_user_message_with_its_text_trimmed() -> None:
-    events = Session("acme", "s1").send("u1", "web-1", "  hi there \n", event_id="e1")
-    assert events == [MessageAppended("u1", "web-1", "user", "hi there", event_id="e1")]
+def test_a_message_to_an_idle_session_starts_a_task_with_its_text_trimmed_and_moves_to_parsing() -> None:
+    events = Session("acme", "s1").receive("u1", "web-1", "  hi there \n", None, event_id="e1")
+    assert events == [MessageAppended("u1", "web-1", "user", "hi there", event_id="e1", handling="task"),
+                      TaskStarted("task-1", "hi there", 1),
+                      StateChanged(State.IDLE, State.PARSING, "message from web-1", task_id="task-1")]
 
 
 @pytest.mark.parametrize(("text", "device_id", "bad_field"), [
@@ -57,7 +58,7 @@ def test_sending_yields_a_user_message_with_its_text_trimmed() -> None:
 ])
 def test_a_message_without_text_or_device_is_refused(text: str, device_id: str, bad_field: str) -> None:
     with pytest.raises(ValidationFailed) as err:
-        Session("acme", "s1").send("u1", device_id, text)
+        Session("acme", "s1").receive("u1", device_id, text, None)
     assert err.value.field == bad_field
 
 
@@ -65,12 +66,12 @@ def test_a_message_without_text_or_device_is_refused(text: str, device_id: str, 
 
 
 async def test_sending_appends_the_message_and_returns_the_new_version(sessions) -> None:
-    first = await send_message(a_send(text="hello"), sessions)
-    second = await send_message(a_send(text="again", expected_version=1), sessions)
+    first = await send_message(a_send(text="hello"), sessions)  # message, task started, state changed
+    second = await send_message(a_send(text="again", expected_version=3), sessions)  # queued behind the task
 
-    assert (first.version, second.version) == (1, 2)
+    assert (first.version, second.version) == (3, 4)
     assert [m.text for m in second.messages] == ["hello", "again"]
-    assert [v.version for v in await sessions.history("acme", "s1")] == [1, 2]
+    assert [v.version for v in await sessions.history("acme", "s1")] == [1, 2, 3, 4]
 
 
 async def test_a_device_that_saw_an_old_version_gets_a_conflict_telling_it_to_subscribe(sessions) -> None:
@@ -81,7 +82,7 @@ async def test_a_device_that_saw_an_old_version_gets_a_conflict_telling_it_to_su
 
     assert err.value.field == "expected_version"
     assert "Subscribe" in err.value.hint and "from_version=0" in err.value.hint
-    assert "version 1" in err.value.reason
+    assert "version 3" in err.value.reason
     assert [m.text for m in (await get_session("acme", "s1", sessions)).messages] == ["from phone"]
 
 
@@ -89,9 +90,9 @@ async def test_the_same_idempotency_key_twice_is_applied_once(sessions) -> None:
     first = await send_message(a_send(idempotency_key="k-1"), sessions)
     again = await send_message(a_send(idempotency_key="k-1"), sessions)
 
-    assert again.version == first.version == 1
+    assert again.version == first.version == 3
     assert [m.text for m in again.messages] == ["hello"]
-    assert len(await sessions.history("acme", "s1")) == 1
+    assert len(await sessions.history("acme", "s1")) == 3
 
 
 async def test_a_different_message_under_a_used_idempotency_key_is_refused_not_dropped(sessions) -> None:
@@ -105,45 +106,45 @@ async def test_a_different_message_under_a_used_idempotency_key_is_refused_not_d
 async def test_thirty_concurrent_senders_at_any_version_all_succeed(sessions) -> None:
     results = await asyncio.gather(*(send_message(a_send(device_id=f"d{i}", text=f"m{i}"), sessions)
                                      for i in range(30)))
-    assert sorted(r.version for r in results) == list(range(1, 31))
+    assert sorted(r.version for r in results) == list(range(3, 33))  # the first starts a task, 29 queue
     assert len((await get_session("acme", "s1", sessions)).messages) == 30
 
 
 async def test_a_device_catching_up_and_resending_with_the_same_key_is_not_applied_twice(sessions) -> None:
     await send_message(a_send(idempotency_key="k-1", expected_version=0), sessions)
-    await send_message(a_send(device_id="phone", text="meanwhile", expected_version=1), sessions)
+    await send_message(a_send(device_id="phone", text="meanwhile", expected_version=3), sessions)
 
-    session = await send_message(a_send(idempotency_key="k-1", expected_version=2), sessions)
+    session = await send_message(a_send(idempotency_key="k-1", expected_version=4), sessions)
 
-    assert session.version == 2
+    assert session.version == 4
     assert [m.text for m in session.messages] == ["hello", "meanwhile"]
 
 
 async def test_an_exact_retry_of_a_send_returns_the_first_result_instead_of_a_conflict(sessions) -> None:
     first = await send_message(a_send(idempotency_key="k-1", expected_version=0), sessions)
     retry = await send_message(a_send(idempotency_key="k-1", expected_version=0), sessions)
-    assert retry.version == first.version == 1
-    assert len(await sessions.history("acme", "s1")) == 1
+    assert retry.version == first.version == 3
+    assert len(await sessions.history("acme", "s1")) == 3
 
 
 async def test_different_idempotency_keys_are_different_messages(sessions) -> None:
     await send_message(a_send(idempotency_key="k-1"), sessions)
     session = await send_message(a_send(idempotency_key="k-2"), sessions)
-    assert session.version == 2
+    assert session.version == 4
 
 
 async def test_the_same_key_in_another_session_is_another_message(sessions) -> None:
     await send_message(a_send(idempotency_key="k-1"), sessions)
     other = await send_message(a_send(idempotency_key="k-1", session_id="s2"), sessions)
-    assert other.version == 1
-    assert len(await sessions.history("acme", "s2")) == 1
+    assert other.version == 3
+    assert len(await sessions.history("acme", "s2")) == 3
 
 
 async def test_a_session_read_back_is_rebuilt_from_its_events(sessions) -> None:
     for i in range(3):
         await send_message(a_send(text=f"m{i}", device_id=f"d{i}"), sessions)
     session = await get_session("acme", "s1", sessions)
-    assert session.version == 3
+    assert session.version == 5
     assert [(m.device_id, m.text, m.role) for m in session.messages] == [
         ("d0", "m0", "user"), ("d1", "m1", "user"), ("d2", "m2", "user")]
 
@@ -184,10 +185,10 @@ async def test_following_catches_up_after_the_given_version_then_sees_new_messag
         await send_message(a_send(text=text), sessions)
 
     with anyio.fail_after(5):
-        async with aclosing(follow("acme", "s1", 1, sessions)) as items:
+        async with aclosing(follow("acme", "s1", 3, sessions)) as items:
             caught_up = [await anext(items), await anext(items)]
             await send_message(a_send(text="four"), sessions)
             live = await anext(items)
 
-    assert [(v.version, v.event.text) for v in caught_up] == [(2, "two"), (3, "three")]
-    assert (live.version, live.event.text) == (4, "four")
+    assert [(v.version, v.event.text) for v in caught_up] == [(4, "two"), (5, "three")]
+    assert (live.version, live.event.text) == (6, "four")

@@ -1,18 +1,53 @@
-"""Sessions in the event store; each append is mirrored to the session events stream via the outbox."""
+"""Sessions in the event store; each append is mirrored to the session events stream via the outbox.
+
+Long sessions are loaded from their snapshot plus the events after it (libs/snapshots.py); a
+snapshot is taken in the appending transaction every `snapshots.every` events.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import fields, replace
+
+import asyncpg
 
 from libs.db import Database
 from libs.events import Envelope
 from libs.eventstore import EventStore, StoredEvent
 from libs.outbox import Outbox
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
-from services.orchestrator.domain import MessageAppended, SessionEvent, State, StateChanged, Versioned
+from libs.snapshots import SnapshotStore
+from services.orchestrator.domain import (
+    SNAPSHOT_SCHEMA,
+    ActionFinished,
+    ActionStarted,
+    DecisionMade,
+    MessageAppended,
+    Session,
+    SessionEvent,
+    SlotFilled,
+    State,
+    StateChanged,
+    TaskEnded,
+    TaskStarted,
+    Versioned,
+)
 
-__all__ = ["EventSourcedSessions", "stream_id"]
+__all__ = ["EVENT_MESSAGES", "EventSourcedSessions", "from_message", "stream_id", "to_message"]
+
+# domain event -> (event type, payload message, field of mnemesh.v1.SessionEvent)
+EVENT_MESSAGES = {
+    MessageAppended: ("session.message_appended", events_pb2.SessionMessageAppended, "message_appended"),
+    StateChanged: ("session.state_changed", events_pb2.SessionStateChanged, "state_changed"),
+    TaskStarted: ("session.task_started", events_pb2.SessionTaskStarted, "task_started"),
+    TaskEnded: ("session.task_ended", events_pb2.SessionTaskEnded, "task_ended"),
+    SlotFilled: ("session.slot_filled", events_pb2.SessionSlotFilled, "slot_filled"),
+    DecisionMade: ("session.decision_made", events_pb2.SessionDecisionMade, "decision_made"),
+    ActionStarted: ("session.action_started", events_pb2.SessionActionStarted, "action_started"),
+    ActionFinished: ("session.action_finished", events_pb2.SessionActionFinished, "action_finished"),
+}
+_BY_TYPE = {event_type: cls for cls, (event_type, _, _) in EVENT_MESSAGES.items()}
+_NOT_IN_PAYLOAD = {"event_id", "user_id"}  # the envelope's id; the tenant context's user
 
 
 def stream_id(tenant_id: str, session_id: str) -> str:
@@ -21,39 +56,48 @@ def stream_id(tenant_id: str, session_id: str) -> str:
     return f"session/{tenant_id}/{session_id}"
 
 
+def to_message(tenant_id: str, session_id: str, event: SessionEvent):
+    """The payload message of a domain event (field names are the same on both sides)."""
+    _, message_type, _ = EVENT_MESSAGES[type(event)]
+    tenant = common_pb2.TenantContext(tenant_id=tenant_id, session_id=session_id,
+                                      user_id=getattr(event, "user_id", ""))
+    values = {f.name: getattr(event, f.name) for f in fields(event) if f.name not in _NOT_IN_PAYLOAD}
+    return message_type(tenant=tenant, **{k: str(v) if isinstance(v, State) else v for k, v in values.items()})
+
+
+def from_message(event_type: str, message, event_id: str) -> SessionEvent:
+    cls = _BY_TYPE[event_type]
+    values = {}
+    for f in fields(cls):
+        if f.name == "event_id":
+            values[f.name] = event_id
+        elif f.name == "user_id":
+            values[f.name] = message.tenant.user_id
+        else:
+            value = getattr(message, f.name)
+            values[f.name] = tuple(value) if f.name == "citations" else value
+    if cls is StateChanged:
+        values["from_state"], values["to_state"] = State(values["from_state"]), State(values["to_state"])
+    return cls(**values)
+
+
 def _envelope(tenant_id: str, session_id: str, event: SessionEvent) -> Envelope:
-    tenant = common_pb2.TenantContext(tenant_id=tenant_id, session_id=session_id)
-    if isinstance(event, MessageAppended):
-        tenant.user_id = event.user_id
-        message = events_pb2.SessionMessageAppended(tenant=tenant, device_id=event.device_id, role=event.role,
-                                                    text=event.text)
-        envelope = Envelope.wrap(message, event_type="session.message_appended", tenant_id=tenant_id,
-                                 correlation_id=session_id)
-    else:
-        message = events_pb2.SessionStateChanged(tenant=tenant, from_state=event.from_state,
-                                                 to_state=event.to_state, reason=event.reason)
-        envelope = Envelope.wrap(message, event_type="session.state_changed", tenant_id=tenant_id,
-                                 correlation_id=session_id)
-    if event.event_id:
-        envelope = replace(envelope, event_id=event.event_id)
-    return envelope
+    event_type = EVENT_MESSAGES[type(event)][0]
+    envelope = Envelope.wrap(to_message(tenant_id, session_id, event), event_type=event_type, tenant_id=tenant_id,
+                             correlation_id=session_id)
+    return replace(envelope, event_id=event.event_id) if event.event_id else envelope
 
 
 def _versioned(stored: StoredEvent) -> Versioned:
-    message = stored.envelope.message()
-    if stored.envelope.event_type == "session.message_appended":
-        event: SessionEvent = MessageAppended(user_id=message.tenant.user_id, device_id=message.device_id,
-                                              role=message.role, text=message.text,
-                                              event_id=stored.envelope.event_id)
-    else:
-        event = StateChanged(State(message.from_state), State(message.to_state), message.reason,
-                             event_id=stored.envelope.event_id)
+    event = from_message(stored.envelope.event_type, stored.envelope.message(), stored.envelope.event_id)
     return Versioned(stored.version, event, stored.envelope.occurred_at)
 
 
 class EventSourcedSessions:
-    def __init__(self, db: Database, store: EventStore, outbox: Outbox) -> None:
+    def __init__(self, db: Database, store: EventStore, outbox: Outbox,
+                 snapshots: SnapshotStore | None = None) -> None:
         self.db, self.store, self.outbox = db, store, outbox
+        self.snapshots = snapshots or SnapshotStore()
 
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
         stream, after, items = stream_id(tenant_id, session_id), 0, []
@@ -62,21 +106,38 @@ class EventSourcedSessions:
             after = batch[-1].version
         return items
 
+    async def _load_in(self, conn: asyncpg.Connection, tenant_id: str, session_id: str) -> tuple[Session, int]:
+        stream = stream_id(tenant_id, session_id)
+        snapshot = await self.snapshots.load(conn, stream, SNAPSHOT_SCHEMA)
+        start = Session.from_dict(snapshot.state) if snapshot else Session(tenant_id, session_id)
+        tail = [_versioned(e) for e in await self.store.read_stream_in(conn, stream, start.version)]
+        return Session.replay(tenant_id, session_id, tail, start=start), snapshot.version if snapshot else 0
+
+    async def load(self, tenant_id: str, session_id: str) -> Session:
+        async with self.db.transaction(tenant_id) as conn:
+            session, _ = await self._load_in(conn, tenant_id, session_id)
+            return session
+
     async def update(self, tenant_id: str, session_id: str,
-                     decide: Callable[[list[Versioned]], list[SessionEvent]]) -> list[Versioned]:
+                     decide: Callable[[Session], list[SessionEvent]]) -> Session:
         stream = stream_id(tenant_id, session_id)
         async with self.db.transaction(tenant_id) as conn:
             await self.store.lock_stream(conn, stream)
-            history = [_versioned(e) for e in await self.store.read_stream_in(conn, stream)]
-            events = decide(history)
+            session, snapshot_version = await self._load_in(conn, tenant_id, session_id)
+            events = decide(session)
             if not events:
-                return history
+                return session
             envelopes = [_envelope(tenant_id, session_id, e) for e in events]
-            version = await self.store.append(conn, stream, len(history), envelopes)
+            version = await self.store.append(conn, stream, session.version, envelopes)
             for envelope in envelopes:
                 await self.outbox.add(conn, envelope)
-        first = version - len(events) + 1
-        return history + [Versioned(first + i, e) for i, e in enumerate(events)]
+            first = version - len(events) + 1
+            for i, envelope in enumerate(envelopes):
+                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id)))
+            if self.snapshots.due(snapshot_version, session.version):
+                await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
+                                          session.to_dict())
+        return session
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
         async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version,

@@ -1,10 +1,38 @@
-from services.orchestrator.domain.session import (
+from services.orchestrator.domain.events import (
+    BUSY,
+    ActionFinished,
+    ActionStarted,
+    DecisionMade,
+    Handling,
     MessageAppended,
-    Session,
+    Outcome,
     SessionEvent,
+    SlotFilled,
     State,
     StateChanged,
+    TaskEnded,
+    TaskStarted,
     Versioned,
 )
+from services.orchestrator.domain.session import SNAPSHOT_SCHEMA, Action, Session, Task
 
-__all__ = ["MessageAppended", "Session", "SessionEvent", "State", "StateChanged", "Versioned"]
+__all__ = [
+    "BUSY",
+    "SNAPSHOT_SCHEMA",
+    "Action",
+    "ActionFinished",
+    "ActionStarted",
+    "DecisionMade",
+    "Handling",
+    "MessageAppended",
+    "Outcome",
+    "Session",
+    "SessionEvent",
+    "SlotFilled",
+    "State",
+    "StateChanged",
+    "Task",
+    "TaskEnded",
+    "TaskStarted",
+    "Versioned",
+]

@@ -1,55 +1,68 @@
-"""A session as an event-sourced aggregate: state is what its events say. No I/O here."""
+"""A session as an event-sourced aggregate: state is what its events say. No I/O here.
+
+`apply` is the only place state changes, and it reads nothing but the event: decisions that
+depend on configuration (is this message an interrupt? which rule matched?) are taken when
+the event is created and recorded in it, so replaying a session never decides anything again
+and gives the same state whatever the configuration is today.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import StrEnum
+from dataclasses import asdict, dataclass, field
 
 from libs.errors import ValidationFailed
 from libs.validation import check_text, visible
+from services.orchestrator.domain.events import (
+    BUSY,
+    ActionFinished,
+    ActionStarted,
+    DecisionMade,
+    Handling,
+    MessageAppended,
+    Outcome,
+    SessionEvent,
+    SlotFilled,
+    State,
+    StateChanged,
+    TaskEnded,
+    TaskStarted,
+    Versioned,
+)
+from services.orchestrator.domain.interrupts import Interrupt, Kind
 
-__all__ = ["MessageAppended", "Session", "SessionEvent", "State", "StateChanged", "Versioned"]
+__all__ = ["SNAPSHOT_SCHEMA", "Action", "Session", "Task"]
 
 MAX_TEXT_CHARS = 8_000
+# Bump when the shape of Session.to_dict changes: older snapshots are then ignored (full replay).
+SNAPSHOT_SCHEMA = "session/1"
 
 
-class State(StrEnum):
-    IDLE = "IDLE"
-    PARSING = "PARSING"
-    ROUTING = "ROUTING"
-    LLM_DECIDE = "LLM_DECIDE"
-    GENERATING = "GENERATING"
-    FALLBACK = "FALLBACK"
-    ESCALATE_TO_HUMAN = "ESCALATE_TO_HUMAN"
-    PAUSED = "PAUSED"
+@dataclass
+class Action:
+    action_id: str
+    tool: str
+    arguments_json: str
+    attempt: int
+    outcome: str = ""  # "" while in flight
+    result_json: str = "{}"
+    reason: str = ""
 
 
-@dataclass(frozen=True)
-class MessageAppended:
-    user_id: str
-    device_id: str
-    role: str
+@dataclass
+class Task:
+    task_id: str
     text: str
-    event_id: str = ""
+    message_version: int
+    decision: DecisionMade | None = None
+    slots: dict[str, list[str]] = field(default_factory=dict)  # name -> [value, source]
+    actions: list[Action] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)  # user answers to the task's questions, not yet parsed
 
+    def pending(self) -> list[Action]:
+        return [a for a in self.actions if not a.outcome]
 
-@dataclass(frozen=True)
-class StateChanged:
-    from_state: State
-    to_state: State
-    reason: str
-    event_id: str = ""
-
-
-SessionEvent = MessageAppended | StateChanged
-
-
-@dataclass(frozen=True)
-class Versioned:
-    version: int
-    event: SessionEvent
-    occurred_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    def failures(self) -> int:
+        return sum(1 for a in self.actions if a.outcome in (Outcome.ERROR, Outcome.TIMEOUT))
 
 
 @dataclass
@@ -59,27 +72,149 @@ class Session:
     version: int = 0
     state: State = State.IDLE
     messages: list[MessageAppended] = field(default_factory=list)
+    task: Task | None = None
+    queue: list[list] = field(default_factory=list)  # [version, text] of user messages waiting their turn
+    paused_from: State | None = None
+    tasks_ended: int = 0
+
+    # --- replay ----------------------------------------------------------------------------------------------
 
     @classmethod
-    def replay(cls, tenant_id: str, session_id: str, history: list[Versioned]) -> Session:
-        session = cls(tenant_id, session_id)
+    def replay(cls, tenant_id: str, session_id: str, history: list[Versioned],
+               start: Session | None = None) -> Session:
+        """The state after `history`; from `start` (a snapshot) when given, so snapshot + tail = full replay."""
+        session = start if start is not None else cls(tenant_id, session_id)
         for item in history:
-            session.apply(item.event)
-            session.version = item.version
+            if item.version <= session.version:
+                continue  # already in the snapshot
+            session.apply(item)
         return session
 
-    def apply(self, event: SessionEvent) -> None:
-        if isinstance(event, MessageAppended):
-            self.messages.append(event)
-        else:
-            self.state = event.to_state
+    def apply(self, item: Versioned) -> None:
+        e, self.version = item.event, item.version
+        if isinstance(e, MessageAppended):
+            self.messages.append(e)
+            if e.handling == Handling.QUEUED:
+                self.queue.append([item.version, e.text])
+            elif e.handling == Handling.STOP:
+                self.queue.clear()
+            elif e.handling == Handling.ANSWER and self.task is not None:
+                self.task.answers.append(e.text)
+        elif isinstance(e, StateChanged):
+            if e.to_state == State.PAUSED:
+                self.paused_from = e.from_state
+            elif e.from_state == State.PAUSED:
+                self.paused_from = None
+            self.state = e.to_state
+        elif isinstance(e, TaskStarted):
+            self.task = Task(e.task_id, e.text, e.message_version)
+            self.queue = [q for q in self.queue if q[0] != e.message_version]
+        elif isinstance(e, TaskEnded):
+            if self.task is not None and self.task.task_id == e.task_id:
+                self.task = None
+                self.tasks_ended += 1
+        elif self.task is None or self.task.task_id != e.task_id:
+            return  # a late event of a task that ended: it changes nothing
+        elif isinstance(e, DecisionMade):
+            self.task.decision = e
+        elif isinstance(e, SlotFilled):
+            self.task.slots[e.name] = [e.value, e.source]
+            self.task.answers.clear()
+        elif isinstance(e, ActionStarted):
+            self.task.actions.append(Action(e.action_id, e.tool, e.arguments_json, e.attempt))
+        elif isinstance(e, ActionFinished):
+            for action in self.task.actions:
+                if action.action_id == e.action_id and not action.outcome:
+                    action.outcome, action.result_json, action.reason = e.outcome, e.result_json, e.reason
 
-    def send(self, user_id: str, device_id: str, text: str, event_id: str = "") -> list[SessionEvent]:
-        """The events of a user message arriving from a device (the state machine grows from here)."""
+    # --- snapshots -------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Session:
+        task = data["task"]
+        if task is not None:
+            decision = DecisionMade(**task["decision"]) if task["decision"] else None
+            task = Task(task["task_id"], task["text"], task["message_version"], decision,
+                        {k: list(v) for k, v in task["slots"].items()},
+                        [Action(**a) for a in task["actions"]], list(task["answers"]))
+        messages = [MessageAppended(**{**m, "citations": tuple(m["citations"])}) for m in data["messages"]]
+        return cls(data["tenant_id"], data["session_id"], data["version"], State(data["state"]), messages, task,
+                   [list(q) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,
+                   data["tasks_ended"])
+
+    # --- decisions -------------------------------------------------------------------------------------------
+
+    def receive(self, user_id: str, device_id: str, text: str, interrupt: Interrupt | None,
+                event_id: str = "") -> list[SessionEvent]:
+        """The events of a user message arriving. Interrupts are handled before anything else."""
         text = check_text(text, "text", MAX_TEXT_CHARS).strip()
         if not visible(text):
             raise ValidationFailed("must not be empty (it has no visible characters)", field="text",
                                    hint="send what the user said")
         if not device_id:
             raise ValidationFailed("is required", field="device_id", hint="name the device, e.g. web-1")
-        return [MessageAppended(user_id=user_id, device_id=device_id, role="user", text=text, event_id=event_id)]
+        version = self.version + 1
+
+        def message(handling: Handling) -> MessageAppended:
+            return MessageAppended(user_id, device_id, "user", text, event_id, handling,
+                                   self.task.task_id if self.task else "")
+
+        kind = interrupt.kind if interrupt else None
+        if kind == Kind.HARD:
+            if self.task is None and self.state == State.IDLE and not self.queue:
+                return [message(Handling.NOTED)]
+            return [message(Handling.STOP), *self._drop_task(Outcome.CANCELLED, f"hard stop: {text!r}"),
+                    *self._move(State.IDLE, f"hard stop: {text!r}")]
+        if kind == Kind.SOFT:
+            if self.state in BUSY or (self.state == State.IDLE and self.task is not None):
+                return [message(Handling.PAUSE), *self._move(State.PAUSED, f"soft pause: {text!r}")]
+            return [message(Handling.NOTED)]
+        if kind == Kind.RESUME and self.state == State.PAUSED:
+            back = self.paused_from if self.paused_from in BUSY else State.PARSING
+            if self.paused_from == State.IDLE:  # paused while waiting for an answer: wait again
+                back = State.IDLE
+            return [message(Handling.RESUME), *self._move(back, f"resumed: {text!r}")]
+        if kind == Kind.REDIRECT:
+            task_id = f"task-{version}"
+            return [message(Handling.REDIRECT), *self._drop_task(Outcome.DROPPED, f"redirect: {text!r}"),
+                    TaskStarted(task_id, interrupt.rest, version),
+                    *self._move(State.PARSING, f"redirect to {interrupt.rest!r}", task_id)]
+        if self.state == State.ESCALATE_TO_HUMAN:
+            return [message(Handling.NOTED)]  # a human has the session; it is kept for them
+        if self.state in BUSY:
+            return [message(Handling.QUEUED)]
+        if self.state == State.IDLE and self.task is not None:
+            return [message(Handling.ANSWER),
+                    *self._move(State.PARSING, "the user answered the open question", self.task.task_id)]
+        task_id = f"task-{version}"
+        dropped = self._drop_task(Outcome.DROPPED, "a new request after a pause") if self.task else []
+        return [message(Handling.TASK), *dropped, TaskStarted(task_id, text, version),
+                *self._move(State.PARSING, f"message from {device_id}", task_id)]
+
+    def next_queued(self) -> list[SessionEvent]:
+        """An idle session with waiting messages starts the oldest one."""
+        if self.state != State.IDLE or self.task is not None or not self.queue:
+            return []
+        version, text = self.queue[0]
+        task_id = f"task-{version}"
+        return [TaskStarted(task_id, text, version),
+                *self._move(State.PARSING, f"the queued message of version {version}", task_id)]
+
+    def _drop_task(self, outcome: Outcome, reason: str) -> list[SessionEvent]:
+        if self.task is None:
+            return []
+        tid = self.task.task_id
+        return [*(ActionFinished(a.action_id, tid, Outcome.CANCELLED, reason=reason) for a in self.task.pending()),
+                TaskEnded(tid, outcome, reason)]
+
+    def _move(self, to: State, reason: str, task_id: str = "") -> list[SessionEvent]:
+        if to == self.state:
+            return []
+        return [StateChanged(self.state, to, reason, task_id=task_id or (self.task.task_id if self.task else ""))]
+
+    def busy_with(self, task_id: str, *states: State) -> bool:
+        """Whether the session is still working on `task_id` in one of `states` (a step's guard)."""
+        return self.task is not None and self.task.task_id == task_id and self.state in states

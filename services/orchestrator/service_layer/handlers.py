@@ -17,9 +17,10 @@ from libs.errors import Conflict, IdempotencyKeyReused, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from libs.validation import check_session_id, check_tenant_id
 from services.orchestrator.domain import MessageAppended, Session, SessionEvent, Versioned
+from services.orchestrator.service_layer.agent import Agent
 from services.orchestrator.service_layer.ports import SessionRepository
 
-__all__ = ["SendMessage", "follow", "get_session", "send_message"]
+__all__ = ["SendMessage", "follow", "get_session", "replay_session", "send_message"]
 
 
 @dataclass(frozen=True)
@@ -38,19 +39,20 @@ def _check_ids(tenant_id: str, session_id: str) -> None:
     check_session_id(session_id, "session_id")
 
 
-async def send_message(cmd: SendMessage, sessions: SessionRepository) -> Session:
-    """Append a user message. -1 appends at whatever the session's version is; a version the device saw
-    must still be current. Sends to one session are serialised, so concurrent devices never fail."""
+async def send_message(cmd: SendMessage, sessions: SessionRepository, agent: Agent | None = None) -> Session:
+    """Append a user message, then run the turn it starts (with an agent) until the session waits for the user.
+    -1 appends at whatever the session's version is; a version the device saw must still be current.
+    Sends to one session are serialised, so concurrent devices never fail."""
     _check_ids(cmd.tenant_id, cmd.session_id)
     if cmd.expected_version < ANY_VERSION:
         raise ValidationFailed("must be -1 (any) or the last version the device saw", field="expected_version")
     event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{cmd.tenant_id}/{cmd.session_id}/{cmd.idempotency_key}")) \
         if cmd.idempotency_key else str(uuid.uuid4())
+    interrupt = agent.detector().detect(cmd.text) if agent is not None else None
 
-    def decide(history: list[Versioned]) -> list[SessionEvent]:
-        session = Session.replay(cmd.tenant_id, cmd.session_id, history)
+    def decide(session: Session) -> list[SessionEvent]:
         if cmd.idempotency_key:
-            first = next((item.event for item in history if item.event.event_id == event_id), None)
+            first = next((m for m in session.messages if m.event_id == event_id), None)
             if first is not None:
                 _same_send(first, cmd)
                 return []  # a retry of a send that was applied: answer as the first time
@@ -58,10 +60,12 @@ async def send_message(cmd: SendMessage, sessions: SessionRepository) -> Session
             raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
                            field="expected_version",
                            hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
-        return session.send(cmd.user_id, cmd.device_id, cmd.text, event_id=event_id)
+        return session.receive(cmd.user_id, cmd.device_id, cmd.text, interrupt, event_id=event_id)
 
-    history = await sessions.update(cmd.tenant_id, cmd.session_id, decide)
-    return Session.replay(cmd.tenant_id, cmd.session_id, history)
+    session = await sessions.update(cmd.tenant_id, cmd.session_id, decide)
+    if agent is None:
+        return session
+    return await agent.advance(cmd.tenant_id, cmd.session_id, cmd.user_id)
 
 
 def _same_send(first: SessionEvent, cmd: SendMessage) -> None:
@@ -74,6 +78,13 @@ def _same_send(first: SessionEvent, cmd: SendMessage) -> None:
 
 
 async def get_session(tenant_id: str, session_id: str, sessions: SessionRepository) -> Session:
+    """The current state (snapshot + tail)."""
+    _check_ids(tenant_id, session_id)
+    return await sessions.load(tenant_id, session_id)
+
+
+async def replay_session(tenant_id: str, session_id: str, sessions: SessionRepository) -> Session:
+    """The state rebuilt from every event, ignoring snapshots (what `mnemesh session replay` shows)."""
     _check_ids(tenant_id, session_id)
     return Session.replay(tenant_id, session_id, await sessions.history(tenant_id, session_id))
 

@@ -99,25 +99,123 @@ class ToolCalled(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., caller: _Optional[str] = ..., args_sha256: _Optional[str] = ..., outcome: _Optional[str] = ..., latency_ms: _Optional[float] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., context: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., served_by: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class SessionMessageAppended(_message.Message):
-    __slots__ = ("tenant", "device_id", "role", "text")
+    __slots__ = ("tenant", "device_id", "role", "text", "handling", "task_id", "citations")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    HANDLING_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CITATIONS_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     device_id: str
     role: str
     text: str
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., device_id: _Optional[str] = ..., role: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    handling: str
+    task_id: str
+    citations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., device_id: _Optional[str] = ..., role: _Optional[str] = ..., text: _Optional[str] = ..., handling: _Optional[str] = ..., task_id: _Optional[str] = ..., citations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionStateChanged(_message.Message):
-    __slots__ = ("tenant", "from_state", "to_state", "reason")
+    __slots__ = ("tenant", "from_state", "to_state", "reason", "task_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     FROM_STATE_FIELD_NUMBER: _ClassVar[int]
     TO_STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     from_state: str
     to_state: str
     reason: str
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    task_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class SessionTaskStarted(_message.Message):
+    __slots__ = ("tenant", "task_id", "text", "message_version")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    text: str
+    message_version: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., text: _Optional[str] = ..., message_version: _Optional[int] = ...) -> None: ...
+
+class SessionTaskEnded(_message.Message):
+    __slots__ = ("tenant", "task_id", "outcome", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    outcome: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionSlotFilled(_message.Message):
+    __slots__ = ("tenant", "task_id", "name", "value", "source")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    name: str
+    value: str
+    source: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class SessionDecisionMade(_message.Message):
+    __slots__ = ("tenant", "task_id", "decided_by", "action", "intent", "tool", "arguments_json", "text")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    INTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    decided_by: str
+    action: str
+    intent: str
+    tool: str
+    arguments_json: str
+    text: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., decided_by: _Optional[str] = ..., action: _Optional[str] = ..., intent: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class SessionActionStarted(_message.Message):
+    __slots__ = ("tenant", "action_id", "task_id", "tool", "arguments_json", "attempt")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    action_id: str
+    task_id: str
+    tool: str
+    arguments_json: str
+    attempt: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class SessionActionFinished(_message.Message):
+    __slots__ = ("tenant", "action_id", "task_id", "outcome", "result_json", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    action_id: str
+    task_id: str
+    outcome: str
+    result_json: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., outcome: _Optional[str] = ..., result_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

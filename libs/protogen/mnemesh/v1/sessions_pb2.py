@@ -28,7 +28,7 @@ from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb
 from libs.protogen.mnemesh.v1 import events_pb2 as mnemesh_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mnemesh/v1/sessions.proto\x12\nmnemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\x1a\x17mnemesh/v1/events.proto\"\xa0\x01\n\x0bSendRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\".\n\x0cSendResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05state\x18\x02 \x01(\t\"g\n\x10SubscribeRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0c\x66rom_version\x18\x03 \x01(\x03\"\xee\x01\n\x0cSessionEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12/\n\x0boccurred_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12<\n\x10message_appended\x18\n \x01(\x0b\x32\".mnemesh.v1.SessionMessageAppended\x12\x36\n\rstate_changed\x18\x0b \x01(\x0b\x32\x1f.mnemesh.v1.SessionStateChanged\"R\n\x11GetSessionRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\"T\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08messages\x18\x04 \x03(\t2\xd7\x01\n\x0cOrchestrator\x12\x39\n\x04Send\x12\x17.mnemesh.v1.SendRequest\x1a\x18.mnemesh.v1.SendResponse\x12\x45\n\tSubscribe\x12\x1c.mnemesh.v1.SubscribeRequest\x1a\x18.mnemesh.v1.SessionEvent0\x01\x12\x45\n\nGetSession\x12\x1d.mnemesh.v1.GetSessionRequest\x1a\x18.mnemesh.v1.SessionStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mnemesh/v1/sessions.proto\x12\nmnemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\x1a\x17mnemesh/v1/events.proto\"\xa0\x01\n\x0bSendRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\".\n\x0cSendResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05state\x18\x02 \x01(\t\"g\n\x10SubscribeRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0c\x66rom_version\x18\x03 \x01(\x03\"\xb8\x04\n\x0cSessionEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12/\n\x0boccurred_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12<\n\x10message_appended\x18\n \x01(\x0b\x32\".mnemesh.v1.SessionMessageAppended\x12\x36\n\rstate_changed\x18\x0b \x01(\x0b\x32\x1f.mnemesh.v1.SessionStateChanged\x12\x34\n\x0ctask_started\x18\x0c \x01(\x0b\x32\x1e.mnemesh.v1.SessionTaskStarted\x12\x30\n\ntask_ended\x18\r \x01(\x0b\x32\x1c.mnemesh.v1.SessionTaskEnded\x12\x32\n\x0bslot_filled\x18\x0e \x01(\x0b\x32\x1d.mnemesh.v1.SessionSlotFilled\x12\x36\n\rdecision_made\x18\x0f \x01(\x0b\x32\x1f.mnemesh.v1.SessionDecisionMade\x12\x38\n\x0e\x61\x63tion_started\x18\x10 \x01(\x0b\x32 .mnemesh.v1.SessionActionStarted\x12:\n\x0f\x61\x63tion_finished\x18\x11 \x01(\x0b\x32!.mnemesh.v1.SessionActionFinished\"R\n\x11GetSessionRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nsession_id\x18\x02 \x01(\t\"T\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08messages\x18\x04 \x03(\t2\xd7\x01\n\x0cOrchestrator\x12\x39\n\x04Send\x12\x17.mnemesh.v1.SendRequest\x1a\x18.mnemesh.v1.SendResponse\x12\x45\n\tSubscribe\x12\x1c.mnemesh.v1.SubscribeRequest\x1a\x18.mnemesh.v1.SessionEvent0\x01\x12\x45\n\nGetSession\x12\x1d.mnemesh.v1.GetSessionRequest\x1a\x18.mnemesh.v1.SessionStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,11 +42,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBSCRIBEREQUEST']._serialized_start=335
   _globals['_SUBSCRIBEREQUEST']._serialized_end=438
   _globals['_SESSIONEVENT']._serialized_start=441
-  _globals['_SESSIONEVENT']._serialized_end=679
-  _globals['_GETSESSIONREQUEST']._serialized_start=681
-  _globals['_GETSESSIONREQUEST']._serialized_end=763
-  _globals['_SESSIONSTATE']._serialized_start=765
-  _globals['_SESSIONSTATE']._serialized_end=849
-  _globals['_ORCHESTRATOR']._serialized_start=852
-  _globals['_ORCHESTRATOR']._serialized_end=1067
+  _globals['_SESSIONEVENT']._serialized_end=1009
+  _globals['_GETSESSIONREQUEST']._serialized_start=1011
+  _globals['_GETSESSIONREQUEST']._serialized_end=1093
+  _globals['_SESSIONSTATE']._serialized_start=1095
+  _globals['_SESSIONSTATE']._serialized_end=1179
+  _globals['_ORCHESTRATOR']._serialized_start=1182
+  _globals['_ORCHESTRATOR']._serialized_end=1397
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,109 @@
+"""The retriever, memory-writer and tool-gateway over their gRPC APIs (the ports' real implementations).
+
+Each call carries a short-lived token for the session's tenant, with only the scopes it needs.
+Cancelling an awaiting `call` cancels the gRPC call, which the gateway sees as a cancelled
+context and passes on to its upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, tools_pb2, tools_pb2_grpc
+from services.orchestrator.service_layer.ports import CallStatus, MemoryHit, ToolInfo, ToolResult
+
+__all__ = ["GrpcMemoryWriter", "GrpcRetriever", "GrpcToolGateway"]
+
+TokenIssuer = Callable[[str, list[str]], str]  # (tenant, scopes) -> bearer token
+_TOKEN_SECONDS = 300
+
+
+class _Tokens:
+    def __init__(self, issue: TokenIssuer) -> None:
+        self.issue, self.cache = issue, {}
+
+    def metadata(self, tenant_id: str, *scopes: str) -> tuple[tuple[str, str], ...]:
+        key = (tenant_id, scopes)
+        token, made = self.cache.get(key, ("", 0.0))
+        if time.monotonic() - made > _TOKEN_SECONDS / 2:
+            token = self.issue(tenant_id, list(scopes))
+            self.cache[key] = (token, time.monotonic())
+        return (("authorization", f"Bearer {token}"),)
+
+
+class GrpcRetriever:
+    def __init__(self, channel: grpc.aio.Channel, issue: TokenIssuer, timeout: float = 2.0) -> None:
+        self.stub, self.tokens, self.timeout = memory_pb2_grpc.RetrieverStub(channel), _Tokens(issue), timeout
+
+    async def search(self, tenant_id: str, user_id: str, session_id: str, query: str,
+                     limit: int = 5) -> list[MemoryHit]:
+        request = memory_pb2.SearchRequest(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
+                                           query=query[:1000], limit=limit)
+        response = await self.stub.Search(request, timeout=self.timeout,
+                                          metadata=self.tokens.metadata(tenant_id, "memory:read"))
+        return [MemoryHit(h.memory.memory_id, h.memory.content, h.memory.key, h.score, h.must_confirm,
+                          h.memory.confidence == common_pb2.CONFIDENCE_L1_STRONG) for h in response.hits]
+
+
+class GrpcMemoryWriter:
+    def __init__(self, channel: grpc.aio.Channel, issue: TokenIssuer, timeout: float = 2.0) -> None:
+        self.stub, self.tokens, self.timeout = memory_pb2_grpc.MemoryWriterStub(channel), _Tokens(issue), timeout
+
+    async def write_step(self, tenant_id: str, user_id: str, session_id: str, step_id: str, tool: str,
+                         content: str, trigger: str) -> None:
+        request = memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
+            layer=common_pb2.MEMORY_LAYER_STEP, source=common_pb2.SOURCE_KIND_AUTHORITATIVE_API,
+            content=content[:16_000], step_id=step_id, tags=[f"tool:{tool}"[:64]], idempotency_key=step_id,
+            confidence=common_pb2.CONFIDENCE_L1_STRONG,
+            attributes=_struct({"trigger": trigger[:1000], "tool": tool}))
+        try:
+            await self.stub.Write(request, timeout=self.timeout,
+                                  metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+
+
+class GrpcToolGateway:
+    def __init__(self, channel: grpc.aio.Channel, issue: TokenIssuer) -> None:
+        self.stub, self.tokens = tools_pb2_grpc.ToolGatewayStub(channel), _Tokens(issue)
+
+    async def call(self, tenant_id: str, user_id: str, session_id: str, tool: str, arguments: dict[str, Any],
+                   call_id: str, deadline_seconds: float) -> ToolResult:
+        request = tools_pb2.CallToolRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
+            name=tool, arguments=_struct(arguments), chain_id=call_id, deadline_seconds=deadline_seconds)
+        try:
+            response = await self.stub.CallTool(request, timeout=deadline_seconds + 1.0,
+                                                metadata=self.tokens.metadata(tenant_id, "tools:call"))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return ToolResult(False, reason="the gateway did not answer in time", timed_out=True)
+            retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            return ToolResult(False, reason=f"{exc.code().name}: {exc.details()}", retryable=retryable)
+        if response.HasField("error"):
+            return ToolResult(False, reason=f"{response.error.field}: {response.error.reason}".strip(": "),
+                              retryable=response.error.retryable,
+                              timed_out=response.error.error_type == "timeout")
+        return ToolResult(True, json_format.MessageToDict(response.result))
+
+    async def status(self, tenant_id: str, call_id: str) -> CallStatus:
+        # The gateway has no call-status RPC yet (see the orchestrator's README section): nothing to ask.
+        return CallStatus("unknown")
+
+    async def list_tools(self, tenant_id: str) -> list[ToolInfo]:
+        response = await self.stub.ListTools(tools_pb2.ListToolsRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id), with_experience=True),
+            timeout=2.0, metadata=self.tokens.metadata(tenant_id, "tools:read"))
+        return [ToolInfo(t.name, t.description, json_format.MessageToDict(t.input_schema)) for t in response.tools]
+
+
+def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(values)
+    return out

@@ -1,0 +1,142 @@
+"""The events of a session. Every change of a session is one of these; state is what they say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+__all__ = ["BUSY", "ActionFinished", "ActionStarted", "DecisionMade", "Handling", "MessageAppended", "Outcome",
+           "SessionEvent", "SlotFilled", "State", "StateChanged", "TaskEnded", "TaskStarted", "Versioned"]
+
+
+class State(StrEnum):
+    IDLE = "IDLE"
+    PARSING = "PARSING"
+    ROUTING = "ROUTING"
+    LLM_DECIDE = "LLM_DECIDE"
+    GENERATING = "GENERATING"
+    FALLBACK = "FALLBACK"
+    ESCALATE_TO_HUMAN = "ESCALATE_TO_HUMAN"
+    PAUSED = "PAUSED"
+
+
+# A task is being worked on in these states; a new ordinary message waits in the queue.
+BUSY = frozenset({State.PARSING, State.ROUTING, State.LLM_DECIDE, State.GENERATING, State.FALLBACK})
+
+
+class Handling(StrEnum):
+    """What the session did with a user message, decided when it arrived (so replay never re-decides)."""
+
+    TASK = "task"            # started a new task
+    QUEUED = "queued"        # a task was running: waits its turn
+    ANSWER = "answer"        # answers the open task's clarifying question
+    PAUSE = "pause"          # soft interrupt
+    RESUME = "resume"
+    STOP = "stop"            # hard interrupt: every pending action and queued message cancelled
+    REDIRECT = "redirect"    # drop the task, start the one in the rest of the message
+    NOTED = "noted"          # kept, nothing to do (an interrupt with nothing running; a message for the human)
+    REPLY = "reply"          # an assistant reply
+    QUESTION = "question"    # an assistant clarifying question
+
+
+class Outcome(StrEnum):
+    DONE = "done"
+    CANCELLED = "cancelled"
+    DROPPED = "dropped"
+    ESCALATED = "escalated"
+    BLOCKED = "blocked"
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class MessageAppended:
+    user_id: str
+    device_id: str
+    role: str
+    text: str
+    event_id: str = ""
+    handling: str = ""
+    task_id: str = ""
+    citations: tuple[str, ...] = ()  # step ids / memory ids the reply's facts come from
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    from_state: State
+    to_state: State
+    reason: str
+    event_id: str = ""
+    task_id: str = ""
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    task_id: str
+    text: str
+    message_version: int  # the user message it answers
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class TaskEnded:
+    task_id: str
+    outcome: str
+    reason: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class SlotFilled:
+    task_id: str
+    name: str
+    value: str
+    source: str  # message | answer | memory:L1 | memory:L2-confirmed
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class DecisionMade:
+    """What to do for a task, and who decided (a rule, the planner or the LLM), validated before it is recorded."""
+
+    task_id: str
+    decided_by: str      # rule:<name> | planner | llm
+    action: str          # tool | reply | ask | human | block
+    intent: str = ""
+    tool: str = ""
+    arguments_json: str = "{}"
+    text: str = ""       # a reply or a question the decider wrote
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class ActionStarted:
+    action_id: str
+    task_id: str
+    tool: str
+    arguments_json: str
+    attempt: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class ActionFinished:
+    action_id: str
+    task_id: str
+    outcome: str         # ok | error | timeout | cancelled
+    result_json: str = "{}"
+    reason: str = ""
+    event_id: str = ""
+
+
+SessionEvent = (MessageAppended | StateChanged | TaskStarted | TaskEnded | SlotFilled | DecisionMade
+                | ActionStarted | ActionFinished)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    version: int
+    event: SessionEvent
+    occurred_at: datetime = field(default_factory=lambda: datetime.now(UTC))

@@ -1,0 +1,324 @@
+"""The agent loop: drive a session's task through its states, one step per state, each step an append.
+
+A step does its I/O (rules, memory, tools, a model) outside the session lock, then appends its
+events only if the session is still on the same task in the same state (`busy_with`): an
+interrupt that arrived meanwhile wins and the step's work is dropped. A tool call is raced
+against the session's own stream, so a hard stop appended by any replica, on any device,
+cancels the call in flight (the cancellation reaches the gateway as a gRPC cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import string
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libs.logs import get_logger
+from services.orchestrator.domain import (
+    ActionFinished,
+    ActionStarted,
+    DecisionMade,
+    Handling,
+    MessageAppended,
+    Outcome,
+    Session,
+    SessionEvent,
+    SlotFilled,
+    State,
+    StateChanged,
+    TaskEnded,
+)
+from services.orchestrator.domain.grounding import Source, check_reply
+from services.orchestrator.domain.interrupts import InterruptDetector
+from services.orchestrator.domain.rulebook import RuleBook
+from services.orchestrator.service_layer.planner import decide_open_question
+from services.orchestrator.service_layer.ports import (
+    DecisionMaker,
+    MemoryWriter,
+    Retriever,
+    SessionRepository,
+    ToolGateway,
+    ToolResult,
+)
+
+__all__ = ["MAX_TRIES", "Agent"]
+
+log = get_logger(__name__)
+MAX_TRIES = 3
+_MAX_STEPS = 64  # a task that has not settled after this many steps is a bug, not a loop to keep running
+
+
+@dataclass
+class Agent:
+    sessions: SessionRepository
+    rules: Callable[[], RuleBook]
+    retriever: Retriever
+    gateway: ToolGateway
+    memory: MemoryWriter
+    llm: DecisionMaker | None = None
+    tool_deadline_seconds: float = 10.0
+    _detector: tuple[RuleBook, InterruptDetector] | None = field(default=None, repr=False)
+
+    def detector(self) -> InterruptDetector:
+        """The interrupt detector of the current rule book (phrases reload with the rules)."""
+        book = self.rules()
+        if self._detector is None or self._detector[0] is not book:
+            self._detector = (book, InterruptDetector(book.phrases))
+        return self._detector[1]
+
+    async def advance(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
+        """Run the session's open task (and then any queued message) until it waits for the user."""
+        session = await self.sessions.load(tenant_id, session_id)
+        for _ in range(_MAX_STEPS):
+            if session.task is None:
+                if not session.queue or session.state != State.IDLE:
+                    return session
+                session = await self.sessions.update(tenant_id, session_id, lambda s: s.next_queued())
+                continue
+            step = {State.PARSING: self._parse, State.ROUTING: self._route, State.LLM_DECIDE: self._llm_decide,
+                    State.FALLBACK: self._fallback, State.GENERATING: self._generate}.get(session.state)
+            if step is None:  # IDLE waiting for an answer, PAUSED, ESCALATE_TO_HUMAN: the user moves next
+                return session
+            before = session.version
+            session = await step(session, user_id)
+            if session.version == before:  # the step found nothing to do: someone else moved the session
+                return session
+        raise RuntimeError(f"session {session_id}: the task did not settle in {_MAX_STEPS} steps")
+
+    async def _commit(self, session: Session, events: list[SessionEvent], *states: State) -> Session:
+        """Append `events` if the session is still on this task in one of `states` (else drop them)."""
+        task_id = session.task.task_id if session.task else ""
+        allowed = states or (session.state,)
+
+        def decide(current: Session) -> list[SessionEvent]:
+            return events if current.busy_with(task_id, *allowed) else []
+
+        return await self.sessions.update(session.tenant_id, session.session_id, decide)
+
+    # --- PARSING: rules first; slots from the message or the user's answers ----------------------------------
+
+    async def _parse(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        if task.decision is not None:  # the user answered a question: parse it into the missing slots
+            return await self._commit(session, [*self._answer_slots(session, book),
+                                                StateChanged(State.PARSING, State.ROUTING, "answer parsed",
+                                                             task_id=task.task_id)])
+        rule = book.match(task.text)
+        if rule is None:
+            return await self._commit(session, [StateChanged(State.PARSING, State.LLM_DECIDE, "no rule matched",
+                                                             task_id=task.task_id)])
+        intent = book.intents.get(rule.intent)
+        events: list[SessionEvent] = [DecisionMade(task.task_id, f"rule:{rule.name}", rule.action, rule.intent,
+                                                   intent.tool if intent else "", text=rule.reply)]
+        for slot in intent.slots if intent else ():
+            value, _refused = slot.validator.extract(task.text)
+            if value is not None:
+                events.append(SlotFilled(task.task_id, slot.name, value, "message"))
+        events.append(StateChanged(State.PARSING, State.ROUTING, f"rule {rule.name} matched", task_id=task.task_id))
+        return await self._commit(session, events)
+
+    def _answer_slots(self, session: Session, book: RuleBook) -> list[SessionEvent]:
+        task = session.task
+        intent = book.intents.get(task.decision.intent)
+        events = []
+        for slot in intent.slots if intent else ():
+            if slot.name in task.slots:
+                continue
+            for answer in task.answers:
+                value, _ = slot.validator.extract(answer)
+                if value is not None:
+                    events.append(SlotFilled(task.task_id, slot.name, value, "answer"))
+                    break
+        return events
+
+    # --- ROUTING: carry out the decision ---------------------------------------------------------------------
+
+    async def _route(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        decision = task.decision
+        tid = task.task_id
+        if decision.action == "human":
+            return await self._commit(session, [self._say(session, book.template("human"), Handling.REPLY),
+                                                TaskEnded(tid, Outcome.ESCALATED, decision.decided_by),
+                                                StateChanged(State.ROUTING, State.ESCALATE_TO_HUMAN,
+                                                             f"{decision.decided_by}: a person must answer")])
+        if decision.action == "block":
+            return await self._commit(session, [self._say(session, book.template("block"), Handling.REPLY),
+                                                TaskEnded(tid, Outcome.BLOCKED, decision.decided_by),
+                                                StateChanged(State.ROUTING, State.IDLE,
+                                                             f"risk block by {decision.decided_by}")])
+        if decision.action in ("reply", "ask"):
+            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
+                                                             f"{decision.action} decided by {decision.decided_by}",
+                                                             task_id=tid)])
+        if any(a.outcome == Outcome.OK for a in task.actions):
+            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING, "tool result verified",
+                                                             task_id=tid)])
+        if task.pending():
+            return session  # a call from before a pause is still running; its runner carries on
+        intent = book.intents.get(decision.intent)
+        if intent is not None:
+            missing = await self._missing_slot(session, intent, user_id)
+            if missing is not None:
+                return missing
+            values = {k: v[0] for k, v in session.task.slots.items()}
+            arguments = {k: _fill(v, values) for k, v in intent.arguments.items()}
+        else:
+            arguments = json.loads(decision.arguments_json)
+        return await self._call(session, decision.tool, arguments, user_id, intent.verify_field if intent else "")
+
+    async def _missing_slot(self, session: Session, intent, user_id: str) -> Session | None:
+        task = session.task
+        for slot in intent.slots:
+            if slot.name in task.slots:
+                continue
+            if slot.memory_key:
+                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, slot.memory_key, 3)
+                hit = next((h for h in hits if h.key == slot.memory_key and h.strong), None)
+                if hit is not None and slot.validator.check(hit.content) is None:
+                    return await self._commit(session, [SlotFilled(task.task_id, slot.name,
+                                                                   slot.validator.clean(hit.content), "memory:L1")])
+            _, refused = slot.validator.extract(" ".join([task.text, *task.answers]))
+            question = f"{refused[0].upper()}{refused[1:]}. {slot.question}" if refused else slot.question
+            return await self._commit(session, [self._say(session, question, Handling.QUESTION),
+                                                StateChanged(State.ROUTING, State.IDLE, f"slot {slot.name} missing",
+                                                             task_id=task.task_id)])
+        return None
+
+    async def _call(self, session: Session, tool: str, arguments: dict, user_id: str, verify_field: str) -> Session:
+        task = session.task
+        action_id = str(uuid.uuid4())
+        attempt = task.failures() + 1
+        started = await self._commit(session, [ActionStarted(action_id, task.task_id, tool,
+                                                             json.dumps(arguments, ensure_ascii=False), attempt)])
+        if started.task is None or action_id not in {a.action_id for a in started.task.actions}:
+            return started  # interrupted, or another runner got there first
+        result = await self._cancellable(started, task.task_id, action_id, self.gateway.call(
+            session.tenant_id, user_id, session.session_id, tool, arguments, action_id, self.tool_deadline_seconds))
+        if result is None:
+            return await self.sessions.load(session.tenant_id, session.session_id)  # cancelled by an interrupt
+        outcome, reason = Outcome.OK, "tool answered"
+        if result.timed_out:  # the answer was lost, not necessarily the work: ask before retrying
+            status = await self.gateway.status(session.tenant_id, action_id)
+            if status.state == "done":
+                result, reason = ToolResult(True, status.result), "timed out; the backend's status says done"
+            else:
+                outcome, reason = Outcome.TIMEOUT, f"timed out; the backend's status says {status.state}"
+        elif not result.ok:
+            outcome, reason = Outcome.ERROR, result.reason or "the tool failed"
+        if outcome == Outcome.OK and verify_field and not result.result.get(verify_field):
+            outcome, reason = Outcome.ERROR, f"the result was not verified: {verify_field!r} is missing"
+        result_json = json.dumps(result.result, ensure_ascii=False, sort_keys=True)
+        events: list[SessionEvent] = [ActionFinished(action_id, task.task_id, outcome, result_json, reason)]
+        if outcome == Outcome.OK:
+            await self._remember(session, user_id, action_id, tool, result_json)
+            events.append(StateChanged(State.ROUTING, State.GENERATING, "tool result verified", task_id=task.task_id))
+        else:
+            events.append(StateChanged(State.ROUTING, State.FALLBACK, f"try {attempt}: {reason}",
+                                       task_id=task.task_id))
+        after = await self._commit(started, events[:1], *State)  # the result is kept even when paused
+        return await self._commit(after, events[1:], State.ROUTING)
+
+    async def _cancellable(self, session: Session, task_id: str, action_id: str, call) -> ToolResult | None:
+        """The call's result, or None when the session cancelled it (hard stop, redirect) while in flight."""
+        calling = asyncio.ensure_future(call)
+        watching = asyncio.ensure_future(self._cancelled(session, task_id, action_id))
+        try:
+            await asyncio.wait({calling, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for job in (calling, watching):
+                if not job.done():
+                    job.cancel()
+            await asyncio.gather(calling, watching, return_exceptions=True)
+        if calling.cancelled() or (watching.done() and not watching.cancelled()):
+            return None
+        return calling.result()
+
+    async def _cancelled(self, session: Session, task_id: str, action_id: str) -> None:
+        async for item in self.sessions.follow(session.tenant_id, session.session_id, session.version):
+            e = item.event
+            if isinstance(e, TaskEnded) and e.task_id == task_id:
+                return
+            if isinstance(e, ActionFinished) and e.action_id == action_id and e.outcome == Outcome.CANCELLED:
+                return
+
+    async def _remember(self, session: Session, user_id: str, step_id: str, tool: str, result_json: str) -> None:
+        try:
+            await self.memory.write_step(session.tenant_id, user_id, session.session_id, step_id, tool, result_json,
+                                         f"task {session.task.task_id}: {session.task.text}")
+        except (OSError, ValueError, RuntimeError) as exc:  # memory is advisory here; the turn goes on
+            log.warning("the step result was not written to memory", step_id=step_id, error=str(exc))
+
+    # --- FALLBACK: retry, or after three tries hand over ----------------------------------------------------
+
+    async def _fallback(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        if task.failures() >= MAX_TRIES:
+            return await self._commit(session, [self._say(session, book.template("failed"), Handling.REPLY),
+                                                TaskEnded(task.task_id, Outcome.ESCALATED, f"{MAX_TRIES} tries failed"),
+                                                StateChanged(State.FALLBACK, State.ESCALATE_TO_HUMAN,
+                                                             f"{MAX_TRIES} tries failed")])
+        return await self._commit(session, [StateChanged(State.FALLBACK, State.ROUTING,
+                                                         f"retry {task.failures() + 1} of {MAX_TRIES}",
+                                                         task_id=task.task_id)])
+
+    # --- LLM_DECIDE: what the rules leave open ---------------------------------------------------------------
+
+    async def _llm_decide(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        memories = await self.retriever.search(session.tenant_id, user_id, session.session_id, task.text)
+        tools = await self.gateway.list_tools(session.tenant_id) if self.llm is not None else []
+        planned = await decide_open_question(task.task_id, task.text, memories, tools, book, self.llm)
+        reason = f"decided by {planned.decision.decided_by}"
+        if planned.problems:
+            reason += f" after refusing: {'; '.join(planned.problems)}"
+        return await self._commit(session, [planned.decision, StateChanged(State.LLM_DECIDE, State.ROUTING, reason,
+                                                                           task_id=task.task_id)])
+
+    # --- GENERATING: a grounded reply -------------------------------------------------------------------------
+
+    async def _generate(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        decision = task.decision
+        intent = book.intents.get(decision.intent)
+        done = [a for a in task.actions if a.outcome == Outcome.OK]
+        sources = [Source(a.action_id, a.result_json) for a in done]
+        sources += [Source(s["ref"], s["text"]) for s in json.loads(decision.arguments_json).get("sources", [])]
+        result = json.loads(done[-1].result_json) if done else {}
+        values = {**{k: v[0] for k, v in task.slots.items()}, **{k: _plain(v) for k, v in result.items()}}
+        if intent is not None:
+            reply, must = _fill(intent.reply, values), [str(values.get(f, "")) for f in intent.must_carry]
+        else:
+            reply, must = decision.text or book.template("unknown"), []
+        problems = check_reply(reply, sources, must, book.max_reply_chars)
+        reason = "replied"
+        if problems:  # never sent: the template states only what the sources say
+            reason = f"reply replaced by a template: {'; '.join(problems)}"
+            reply = _fill(book.template("ungrounded"), {"result": done[-1].result_json}) if done \
+                else book.template("unknown")
+        handling = Handling.QUESTION if decision.action == "ask" else Handling.REPLY
+        events: list[SessionEvent] = [self._say(session, reply, handling, tuple(s.ref for s in sources))]
+        if decision.action == "ask":
+            events.append(StateChanged(State.GENERATING, State.IDLE, "asked the user", task_id=task.task_id))
+        else:
+            events += [TaskEnded(task.task_id, Outcome.DONE, reason),
+                       StateChanged(State.GENERATING, State.IDLE, reason)]
+        return await self._commit(session, events)
+
+    @staticmethod
+    def _say(session: Session, text: str, handling: Handling, citations: tuple[str, ...] = ()) -> MessageAppended:
+        return MessageAppended("", "orchestrator", "assistant", text, handling=handling,
+                               task_id=session.task.task_id if session.task else "", citations=citations)
+
+
+def _plain(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _fill(template: str, values: dict) -> str:
+    """Fill `{name}` fields; an unknown field stays visible as `{name}` rather than failing the turn."""
+    names = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+    return template.format_map({n: values.get(n, "{" + n + "}") for n in names})

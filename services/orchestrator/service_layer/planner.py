@@ -1,0 +1,104 @@
+"""Decisions the rules leave open: an LLM's structured decision, validated, or the deterministic planner.
+
+The LLM must answer with a decision matching DECISION_SCHEMA; an invalid one is retried once,
+then the deterministic planner decides. With no LLM configured the planner decides directly:
+a memory that answers the question becomes a reply citing it, anything else an honest
+"I could not find that".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import ValidationError
+
+from libs.logs import get_logger
+from libs.safe_schema import SafeValidator
+from services.orchestrator.domain import DecisionMade
+from services.orchestrator.domain.rulebook import RuleBook
+from services.orchestrator.service_layer.ports import DecisionMaker, MemoryHit, ToolInfo
+
+__all__ = ["DECISION_SCHEMA", "Planned", "decide_open_question"]
+
+log = get_logger(__name__)
+
+DECISION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["action"],
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": ["tool", "reply", "ask", "human"]},
+        "tool": {"type": "string", "maxLength": 128},
+        "arguments": {"type": "object"},
+        "text": {"type": "string", "maxLength": 4000},
+    },
+    "allOf": [
+        {"if": {"properties": {"action": {"const": "tool"}}}, "then": {"required": ["tool", "arguments"]}},
+        {"if": {"properties": {"action": {"enum": ["reply", "ask"]}}}, "then": {"required": ["text"]}},
+    ],
+}
+_VALIDATOR = SafeValidator(DECISION_SCHEMA)
+MIN_MEMORY_SCORE = 0.2
+
+
+@dataclass(frozen=True)
+class Planned:
+    decision: DecisionMade
+    problems: tuple[str, ...] = ()  # why LLM answers were refused before this decision
+
+
+def _problem(raw: Any, tools: list[ToolInfo]) -> str | None:
+    try:
+        _VALIDATOR.validate(raw)
+    except ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "decision"
+        return f"{where}: {exc.message}"
+    if raw["action"] == "tool" and raw["tool"] not in {t.name for t in tools}:
+        return f"tool {raw['tool']!r} is not one the caller may use"
+    return None
+
+
+def _memory_sources(memories: list[MemoryHit]) -> str:
+    return json.dumps({"sources": [{"ref": m.memory_id, "text": m.content} for m in memories]}, ensure_ascii=False)
+
+
+def _planner(task_id: str, memories: list[MemoryHit], book: RuleBook) -> DecisionMade:
+    usable = [m for m in memories if m.score >= MIN_MEMORY_SCORE and not m.must_confirm]
+    if usable:
+        best = usable[0]
+        return DecisionMade(task_id, "planner", "reply", text=f"From what I remember: {best.content}",
+                            arguments_json=_memory_sources([best]))
+    return DecisionMade(task_id, "planner", "reply", text=book.template("unknown"),
+                        arguments_json=_memory_sources([]))
+
+
+async def decide_open_question(task_id: str, text: str, memories: list[MemoryHit], tools: list[ToolInfo],
+                               book: RuleBook, llm: DecisionMaker | None) -> Planned:
+    if llm is None:
+        return Planned(_planner(task_id, memories, book))
+    anchors = "\n".join(f"[memory {m.memory_id}] {m.content}" for m in memories) or "(no memories)"
+    messages = [
+        {"role": "system", "content": "Decide the next step. Answer only with JSON: "
+                                      + json.dumps(DECISION_SCHEMA, separators=(",", ":"))},
+        {"role": "system", "content": f"Memories:\n{anchors}"},
+        {"role": "user", "content": text},
+    ]
+    problems: list[str] = []
+    for _attempt in range(2):  # an invalid decision is retried once
+        try:
+            raw = await llm.decide(messages, tools)
+        except (OSError, ValueError) as exc:
+            problems.append(f"the model did not answer: {exc}")
+            break
+        problem = _problem(raw, tools)
+        if problem is None:
+            return Planned(DecisionMade(task_id, "llm", raw["action"], tool=raw.get("tool", ""),
+                                        arguments_json=json.dumps(raw.get("arguments", {}), ensure_ascii=False)
+                                        if raw["action"] == "tool" else _memory_sources(memories),
+                                        text=raw.get("text", "")), tuple(problems))
+        problems.append(problem)
+        messages.append({"role": "user", "content": f"That decision was invalid ({problem}); answer again."})
+    log.info("llm decision refused, planner decides", problems=problems)
+    return Planned(_planner(task_id, memories, book), tuple(problems))

@@ -1,0 +1,29 @@
+"""The orchestrator's own settings (MNEMESH_ORCHESTRATOR_*), read once in bootstrap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.orchestrator.adapters.rules_file import DEFAULT_RULES
+
+__all__ = ["OrchestratorSettings"]
+
+
+class OrchestratorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MNEMESH_ORCHESTRATOR_", extra="ignore")
+
+    rules_file: Path = DEFAULT_RULES
+    rules_check_seconds: float = Field(1.0, gt=0)
+    tool_deadline_seconds: float = Field(10.0, gt=0, le=600)
+    snapshot_every: int = Field(100, ge=1)
+    # Empty: the in-process fixture tools and memory (development); else host:port of the service.
+    tool_gateway: str = ""
+    retriever: str = ""
+    memory_writer: str = ""
+    # An OpenAI-compatible endpoint; empty: the deterministic planner decides.
+    llm_base_url: str = ""
+    llm_model: str = ""
+    llm_api_key: SecretStr = SecretStr("")

@@ -1,0 +1,343 @@
+"""The agent loop over fakes: each transition, interrupts, slots, grounded replies, fallback, replay and snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from fakes import FakeSessionRepository
+
+from services.orchestrator.adapters.local import LocalMemory, LocalTools, ToolFailure
+from services.orchestrator.adapters.rules_file import DEFAULT_RULES, RulesFile
+from services.orchestrator.domain import (
+    ActionFinished,
+    Handling,
+    MessageAppended,
+    Outcome,
+    Session,
+    State,
+    StateChanged,
+    TaskEnded,
+    Versioned,
+)
+from services.orchestrator.domain.rulebook import parse_rulebook
+from services.orchestrator.service_layer.agent import Agent
+from services.orchestrator.service_layer.handlers import SendMessage, replay_session, send_message
+from services.orchestrator.service_layer.ports import CallStatus
+
+BOOK = parse_rulebook(DEFAULT_RULES.read_text(encoding="utf-8"))
+
+
+class World:
+    def __init__(self, llm=None) -> None:
+        self.sessions, self.memory, self.tools = FakeSessionRepository(), LocalMemory(), LocalTools()
+        self.agent = Agent(self.sessions, lambda: BOOK, self.memory, self.tools, self.memory, llm,
+                           tool_deadline_seconds=5.0)
+
+    async def say(self, text: str, device: str = "web") -> Session:
+        return await send_message(SendMessage("acme", "u1", "s1", device, text), self.sessions, self.agent)
+
+    async def transitions(self) -> list[tuple[str, str]]:
+        return [(e.event.from_state, e.event.to_state) for e in await self.sessions.history("acme", "s1")
+                if isinstance(e.event, StateChanged)]
+
+    async def events(self, kind: type) -> list:
+        return [e.event for e in await self.sessions.history("acme", "s1") if isinstance(e.event, kind)]
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def last_reply(session: Session) -> MessageAppended:
+    return next(m for m in reversed(session.messages) if m.role == "assistant")
+
+
+# --- transitions ---------------------------------------------------------------------------------------------
+
+
+async def test_a_rule_matched_request_goes_parsing_routing_generating_and_back_to_idle_with_a_grounded_reply(
+        world) -> None:
+    session = await world.say("where is my order A12345?")
+    assert await world.transitions() == [("IDLE", "PARSING"), ("PARSING", "ROUTING"), ("ROUTING", "GENERATING"),
+                                         ("GENERATING", "IDLE")]
+    reply = last_reply(session)
+    assert reply.text.startswith("Order A12345 is shipped")
+    assert reply.citations == (world.tools.calls[0][2],)  # the step id of the tool call
+    assert world.memory.steps[world.tools.calls[0][2]]["tool"] == "orders.get_status"
+    assert (session.state, session.task) == (State.IDLE, None)
+
+
+async def test_a_request_no_rule_covers_goes_through_llm_decide_to_the_planner(world) -> None:
+    world.memory.remember("u1", "m-1", "Your favourite colour is green")
+    session = await world.say("what is my favourite colour?")
+    assert ("PARSING", "LLM_DECIDE") in await world.transitions()
+    assert last_reply(session).text == "From what I remember: Your favourite colour is green"
+    assert last_reply(session).citations == ("m-1",)
+
+
+async def test_a_refund_request_is_handed_to_a_human_in_both_languages(world) -> None:
+    for text in ("I want a refund", "我要退款"):
+        session = await world.say(text)
+        assert session.state == State.ESCALATE_TO_HUMAN
+        await world.say("cancel")  # a hard stop takes the session back from the human queue
+    assert world.tools.calls == []
+
+
+async def test_an_id_card_number_is_blocked_before_any_tool_or_memory_sees_it(world) -> None:
+    session = await world.say("my order A12345, id 11010519491231002X")
+    assert session.state == State.IDLE
+    assert (await world.events(TaskEnded))[-1].outcome == Outcome.BLOCKED
+    assert world.tools.calls == [] and world.memory.steps == {}
+
+
+async def test_a_failing_tool_falls_back_and_after_three_tries_escalates_to_a_human(world) -> None:
+    async def broken(args):
+        raise ToolFailure("backend down")
+    world.tools.handlers["orders.get_status"] = broken
+
+    session = await world.say("status of order A12345")
+
+    assert session.state == State.ESCALATE_TO_HUMAN
+    assert len(world.tools.calls) == 3
+    assert [t for t in await world.transitions() if "FALLBACK" in t] == [
+        ("ROUTING", "FALLBACK"), ("FALLBACK", "ROUTING")] * 2 + [("ROUTING", "FALLBACK"),
+                                                               ("FALLBACK", "ESCALATE_TO_HUMAN")]
+
+
+async def test_a_tool_that_fails_once_is_retried_and_the_task_completes(world) -> None:
+    calls = 0
+
+    async def flaky(args):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ToolFailure("busy")
+        return {"status": "shipped", "eta": "2026-03-01"}
+    world.tools.handlers["orders.get_status"] = flaky
+    session = await world.say("status of order A12345")
+    assert (session.state, calls) == (State.IDLE, 2)
+    assert "shipped" in last_reply(session).text
+
+
+async def test_a_timed_out_tool_is_verified_before_it_is_retried(world) -> None:
+    never = asyncio.Event()
+
+    async def hangs(args):
+        await never.wait()
+        return {}
+    world.tools.handlers["orders.get_status"] = hangs
+    world.agent.tool_deadline_seconds = 0.05
+    world.tools.default_status = CallStatus("done", {"status": "delivered", "eta": "2026-02-02"})
+
+    session = await world.say("status of order A12345")
+
+    assert world.tools.status_checks == [world.tools.calls[0][2]]  # asked about the lost call...
+    assert len(world.tools.calls) == 1                                 # ...and did not call again
+    assert "delivered" in last_reply(session).text
+    finished = await world.events(ActionFinished)
+    assert finished[0].outcome == Outcome.OK and "status says done" in finished[0].reason
+
+
+async def test_a_result_that_is_not_verified_is_not_a_success(world) -> None:
+    async def no_status(args):
+        return {"eta": "2026-03-01"}  # the intent verifies by its `status` field
+    world.tools.handlers["orders.get_status"] = no_status
+    session = await world.say("status of order A12345")
+    assert session.state == State.ESCALATE_TO_HUMAN
+    assert all("not verified" in f.reason for f in await world.events(ActionFinished))
+
+
+# --- slots -------------------------------------------------------------------------------------------------
+
+
+async def test_a_missing_slot_asks_instead_of_guessing_and_the_answer_fills_it(world) -> None:
+    asked = await world.say("where is my order?")
+    assert (asked.state, last_reply(asked).handling) == (State.IDLE, Handling.QUESTION)
+    assert "order number" in last_reply(asked).text
+    assert world.tools.calls == []
+
+    answered = await world.say("it is B77777")
+    assert world.tools.calls[0][1] == {"order_id": "B77777"}
+    assert "B77777" in last_reply(answered).text and answered.task is None
+
+
+async def test_an_invalid_slot_value_is_explained_in_the_question(world) -> None:
+    session = await world.say("where is my order A12?")
+    assert last_reply(session).text.startswith("An order number is 1-3 letters and 4-10 digits")
+    assert world.tools.calls == []
+
+
+# --- grounded output ---------------------------------------------------------------------------------------
+
+
+class ScriptedModel:
+    def __init__(self, *answers) -> None:
+        self.answers, self.asked = list(answers), 0
+
+    async def decide(self, messages, tools):
+        self.asked += 1
+        return self.answers.pop(0)
+
+
+async def test_a_reply_with_an_invented_number_is_never_sent() -> None:
+    world = World(ScriptedModel({"action": "reply", "text": "You have 42 loyalty points."}))
+    world.memory.remember("u1", "m-1", "The user has loyalty points", strong=True)
+    session = await world.say("how many loyalty points do I have?")
+    texts = [m.text for m in session.messages if m.role == "assistant"]
+    assert all("42" not in t for t in texts)
+    assert any("replaced by a template" in e.reason for e in await world.events(StateChanged))
+
+
+async def test_an_invalid_model_decision_is_retried_once_then_the_planner_decides() -> None:
+    model = ScriptedModel({"action": "dance"}, {"action": "tool", "tool": "no.such.tool", "arguments": {}})
+    world = World(model)
+    session = await world.say("tell me something")
+    assert model.asked == 2
+    assert session.state == State.IDLE
+    reasons = [e.reason for e in await world.events(StateChanged)]
+    assert any("decided by planner after refusing" in r and "no.such.tool" in r for r in reasons)
+
+
+async def test_a_valid_model_tool_decision_calls_that_tool() -> None:
+    world = World(ScriptedModel({"action": "tool", "tool": "billing.get_invoice", "arguments": {"order_id": "C1234"}}))
+    session = await world.say("what do I owe?")
+    assert world.tools.calls[0][:2] == ("billing.get_invoice", {"order_id": "C1234"})
+    assert session.state == State.IDLE
+
+
+# --- interrupts --------------------------------------------------------------------------------------------
+
+
+async def _start_a_hanging_call(world: World) -> tuple[asyncio.Task, asyncio.Event]:
+    release = asyncio.Event()
+
+    async def slow(args):
+        await release.wait()
+        return {"status": "shipped", "eta": "2026-03-01"}
+    world.tools.handlers["orders.get_status"] = slow
+    turn = asyncio.create_task(world.say("where is order A12345?", device="phone"))
+    with anyio.fail_after(5):
+        await world.tools.started.wait()
+    return turn, release
+
+
+@pytest.mark.parametrize("stop", ["cancel", "算了", "取消", "forget it"])
+async def test_a_hard_stop_cancels_the_in_flight_tool_call(world, stop: str) -> None:
+    turn, _ = await _start_a_hanging_call(world)
+    stopped = await world.say(stop, device="web")
+    with anyio.fail_after(5):
+        await turn
+    assert world.tools.cancelled == [world.tools.calls[0][2]]  # the upstream saw the cancellation
+    assert (stopped.state, stopped.task) == (State.IDLE, None)
+    assert [f.outcome for f in await world.events(ActionFinished)] == [Outcome.CANCELLED]
+    assert (await world.events(TaskEnded))[-1].outcome == Outcome.CANCELLED
+
+
+@pytest.mark.parametrize("pause", ["wait", "hold on", "等一下"])
+async def test_a_soft_pause_keeps_the_draft_and_resuming_finishes_it(world, pause: str) -> None:
+    turn, release = await _start_a_hanging_call(world)
+    paused = await world.say(pause)
+    assert paused.state == State.PAUSED and paused.task is not None
+    release.set()
+    with anyio.fail_after(5):
+        await turn
+    still = await world.sessions.load("acme", "s1")
+    assert still.state == State.PAUSED and still.task.actions[0].outcome == Outcome.OK  # result kept, no reply
+    resumed = await world.say("继续" if pause == "等一下" else "go on")
+    assert resumed.state == State.IDLE and "shipped" in last_reply(resumed).text
+    assert len(world.tools.calls) == 1
+
+
+@pytest.mark.parametrize(("redirect", "new_tool"), [("wait, check the invoice instead", "billing.get_invoice"),
+                                                    ("不对，先查发票", "billing.get_invoice")])
+async def test_a_redirect_drops_the_task_and_starts_the_new_one(world, redirect: str, new_tool: str) -> None:
+    turn, _ = await _start_a_hanging_call(world)
+    session = await world.say(redirect)
+    with anyio.fail_after(5):
+        await turn
+    assert world.tools.cancelled == [world.tools.calls[0][2]]
+    assert (await world.events(TaskEnded))[0].outcome == Outcome.DROPPED
+    # The new task needs an order number, which it asks for (it does not reuse the dropped task's).
+    assert session.task is not None and "order" in last_reply(session).text.lower()
+    answered = await world.say("A12345")
+    assert world.tools.calls[-1][0] == new_tool and answered.state == State.IDLE
+
+
+async def test_messages_sent_while_a_task_runs_are_kept_and_answered_in_order(world) -> None:
+    turn, release = await _start_a_hanging_call(world)
+    queued = await world.say("hello", device="web")
+    assert (queued.messages[-1].handling, queued.queue) == (Handling.QUEUED, [[queued.version, "hello"]])
+    release.set()
+    with anyio.fail_after(5):
+        await turn
+    final = await world.sessions.load("acme", "s1")
+    assert final.state == State.IDLE and final.queue == []
+    assert final.messages[-1].text.startswith("Hello!")
+
+
+# --- replay and snapshots ----------------------------------------------------------------------------------
+
+
+async def _busy_history(world: World) -> list[Versioned]:
+    for text in ("where is my order?", "A12345", "hello", "我要退款", "cancel", "wait", "check invoice for B99999",
+                 "what is this?", "算了"):
+        await world.say(text)
+    return await world.sessions.history("acme", "s1")
+
+
+async def test_replaying_every_event_rebuilds_exactly_the_live_state(world) -> None:
+    history = await _busy_history(world)
+    live = await world.sessions.load("acme", "s1")
+    assert (await replay_session("acme", "s1", world.sessions)).to_dict() == live.to_dict()
+    assert len(history) > 40
+
+
+async def test_a_snapshot_at_any_version_plus_the_tail_equals_the_full_replay(world) -> None:
+    history = await _busy_history(world)
+    full = Session.replay("acme", "s1", history).to_dict()
+    for cut in range(len(history) + 1):
+        snapshot = json.loads(json.dumps(Session.replay("acme", "s1", history[:cut]).to_dict()))
+        rebuilt = Session.replay("acme", "s1", history[cut:], start=Session.from_dict(snapshot))
+        assert rebuilt.to_dict() == full, f"snapshot at version {cut}"
+
+
+# --- rules file --------------------------------------------------------------------------------------------
+
+
+def test_a_changed_rules_file_is_reloaded_and_a_bad_one_is_refused_with_its_line_keeping_the_old_rules(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - name: hi\n    action: reply\n    keywords: [hi]\n    reply: Hi!\n")
+    rules = RulesFile(path)
+    assert rules().match("hi there").name == "hi"
+
+    path.write_text("rules:\n  - name: bye\n    action: reply\n    keywords: [bye]\n    reply: Bye!\n  - x\n")
+    assert rules.reload_if_changed() is False
+    assert (rules.last_error.line, "a rule is a mapping" in rules.last_error.reason) == (6, True)
+    assert rules().match("hi there").name == "hi"
+
+    path.write_text("rules:\n  - name: slow\n    action: block\n    regex: '(a+)+\\1'\n")
+    assert rules.reload_if_changed() is False
+    assert rules.last_error.line == 4 and "linear time" in rules.last_error.reason
+
+    path.write_text("rules:\n  - name: bye\n    action: reply\n    keywords: [bye, 再见]\n    reply: Bye!\n")
+    assert rules.reload_if_changed() is True and rules.last_error is None
+    assert rules().match("再见").name == "bye" and rules().match("hi") is None
+
+
+async def test_new_interrupt_phrases_in_the_rules_file_take_effect_without_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    text = DEFAULT_RULES.read_text(encoding="utf-8")
+    path.write_text(text)
+    rules = RulesFile(path)
+    world = World()
+    world.agent.rules = rules
+    assert world.agent.detector().detect("halt") is None
+    path.write_text(text.replace("hard: [cancel,", "hard: [halt, cancel,"))
+    assert rules.reload_if_changed()
+    assert world.agent.detector().detect("halt").kind == "hard"

@@ -106,3 +106,27 @@ async def test_the_services_role_is_bound_by_row_level_security(database_url: st
         with pytest.raises(RoleError, match="bypasses row-level security"):
             await refused.open()
         await refused.close()
+
+
+@pytest.mark.parametrize("package", ["services.memory_writer", "services.retriever", "services.tool_gateway",
+                                     "services.adapter", None])
+async def test_every_table_with_a_tenant_column_has_row_level_security_enabled_and_forced(
+    package: str | None, database_url: str, schema: str
+) -> None:
+    """A guard for tables yet to come: a tenant_id column without a forced policy fails here."""
+    if package:
+        await apply_migrations(database_url, schema, load_migrations(package))
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,"
+            "       EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid) AS has_policy"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped"
+            " WHERE n.nspname = $1 AND c.relkind = 'r'", schema)
+    finally:
+        await conn.close()
+    assert rows, "no tenant-owned table found: the query is wrong"
+    unprotected = [r["relname"] for r in rows if not (r["relrowsecurity"] and r["relforcerowsecurity"]
+                                                      and r["has_policy"])]
+    assert unprotected == []

@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     outbox_poll_seconds: float = Field(0.5, gt=0)
     housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
     processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
+    # The memory-writer takes commands in batches: one transaction per batch (and tenant).
+    memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
+    memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
 
     # At most 3 s: a service then stops within 6.5 s, and `mnemesh run` as a whole within 10 s.
     shutdown_grace_seconds: float = Field(2.5, ge=0, le=3, description="time in-flight calls get to finish")

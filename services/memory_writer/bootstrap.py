@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from libs.events.batches import BatchConsumer
 from libs.events.schema import MEMORY_COMMANDS
 from libs.runtime import ServiceContext
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
@@ -15,8 +16,13 @@ async def bootstrap(ctx: ServiceContext) -> None:
     def uow():
         return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox)
 
-    def uow_in(conn, envelope):
-        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, conn=conn, causation=envelope)
+    def uow_in(conn):
+        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, conn=conn)
 
     ctx.add_grpc(grpc_api.registration(uow))
-    ctx.subscribe(MEMORY_COMMANDS, streams.on_write_requested(uow_in))
+    # Commands are taken in batches (one transaction per batch and tenant), not one by one through
+    # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
+    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),
+                             ctx.verifier, batch_size=ctx.settings.memory_batch_size,
+                             block_ms=ctx.settings.memory_batch_block_ms)
+    ctx.tasks.append(consumer.run)

@@ -7,12 +7,14 @@ implements), and nothing more: no I/O, no clocks, no sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from libs.errors import Conflict
 from libs.eventstore import ANY_VERSION
-from services.memory_writer.domain import DomainEvent, MemoryRecord
+from services.memory_writer.domain import DomainEvent, MemoryRecord, Status
 from services.orchestrator.domain import SessionEvent, Versioned
 from services.retriever.domain import Document, SearchQuery
 from services.tool_gateway.domain import ToolSpec
@@ -33,6 +35,7 @@ class MemoryDatabase:
     rows: dict[str, MemoryRecord] = field(default_factory=dict)
     streams: dict[str, list[DomainEvent]] = field(default_factory=dict)
     published: list[tuple[str, DomainEvent]] = field(default_factory=list)
+    schemas: dict[tuple[str, str], dict] = field(default_factory=dict)
 
 
 class FakeUnitOfWork:
@@ -41,9 +44,11 @@ class FakeUnitOfWork:
     `fail_record` makes `record` raise, to exercise the rollback path.
     """
 
-    def __init__(self, db: MemoryDatabase, *, fail_record: Exception | None = None) -> None:
+    def __init__(self, db: MemoryDatabase, *, fail_record: Exception | None = None,
+                 fail_add_for: str | None = None) -> None:
         self.db = db
         self.fail_record = fail_record
+        self.fail_add_for = fail_add_for  # content whose add raises, as a store refusing a value would
         self.committed = False
         self.rolled_back = False
         self.events: list[tuple[str, DomainEvent]] = []  # recorded in this unit, committed or not
@@ -73,6 +78,12 @@ class FakeUnitOfWork:
 
     async def add(self, record: MemoryRecord) -> bool:
         assert record.memory_id not in self._rows, "memory ids are unique"
+        if self.fail_add_for is not None and record.content == self.fail_add_for:
+            raise ValueError(f"the store refuses {record.content!r}")
+        if record.key and record.status is Status.CURRENT:
+            assert not any(r.status is Status.CURRENT and (r.tenant_id, r.user_id, r.key) ==
+                           (record.tenant_id, record.user_id, record.key) for r in self._rows.values()), \
+                "one current value per entity key (the partial unique index)"
         if record.idempotency_key and await self.find_by_idempotency_key(record.tenant_id, record.idempotency_key):
             return False
         self._rows[record.memory_id] = record
@@ -86,6 +97,36 @@ class FakeUnitOfWork:
 
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
         return [r.memory_id for r in self._rows.values() if r.tenant_id == tenant_id and r.user_id == user_id]
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        rows, streams, events = dict(self._rows), {k: list(v) for k, v in self._streams.items()}, list(self.events)
+        try:
+            yield
+        except BaseException:
+            self._rows, self._streams, self.events = rows, streams, events
+            raise
+
+    async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:
+        return {k: self.db.schemas[(tenant_id, k)] for k in keys if (tenant_id, k) in self.db.schemas}
+
+    async def put_entity_schema(self, tenant_id: str, key: str, schema: dict) -> None:
+        self.db.schemas[(tenant_id, key)] = schema
+
+    async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
+        return next((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.key) == (tenant_id, user_id, key)
+                     and r.status is Status.CURRENT), None)
+
+    async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None:
+        self._rows[memory_id] = replace(self._rows[memory_id], status=Status.SUPERSEDED, superseded_by=by,
+                                        changed_at=at)
+
+    async def update(self, record: MemoryRecord) -> None:
+        self._rows[record.memory_id] = record
+
+    async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
+        return sorted((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.key) == (tenant_id, user_id, key)),
+                      key=lambda r: r.created_at)
 
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         if self.fail_record is not None:

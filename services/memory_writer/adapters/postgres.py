@@ -6,6 +6,10 @@ SET LOCAL for the rest of the transaction; a call for another tenant is refused.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+
 import asyncpg
 
 from libs.db import Database, rowcount
@@ -13,14 +17,15 @@ from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.mapping import event_to_proto
-from services.memory_writer.domain import Confidence, DomainEvent, Layer, MemoryRecord, Source
+from services.memory_writer.domain import Confidence, DomainEvent, Layer, MemoryRecord, Source, Status
 
 __all__ = ["PostgresUnitOfWork"]
 
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
-    " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+    " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash,"
+    " status, written_by, reason)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
@@ -32,7 +37,9 @@ def _record(row: asyncpg.Record) -> MemoryRecord:
         content=row["content"], key=row["key"], confidence=Confidence(row["confidence"]), tags=tuple(row["tags"]),
         derived_from=tuple(row["derived_from"]), step_id=row["step_id"], created_at=row["created_at"],
         expires_at=row["expires_at"], idempotency_key=row["idempotency_key"] or "", attributes=row["attributes"],
-        engagement=row["engagement"], request_hash=row["request_hash"] or "",
+        engagement=row["engagement"], request_hash=row["request_hash"] or "", status=Status(row["status"]),
+        superseded_by=str(row["superseded_by"] or ""), changed_at=row["changed_at"], written_by=row["written_by"],
+        reason=row["reason"],
     )
 
 
@@ -96,8 +103,51 @@ class PostgresUnitOfWork:
             _INSERT, record.memory_id, record.tenant_id, record.user_id, record.session_id, int(record.layer),
             int(record.source), record.content, record.key, int(record.confidence), record.engagement,
             list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
-            record.expires_at, record.idempotency_key or None, record.request_hash or None)
+            record.expires_at, record.idempotency_key or None, record.request_hash or None, int(record.status),
+            record.written_by, record.reason)
         return rowcount(status) == 1
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        assert self._conn is not None, "use the unit of work in `async with`"
+        async with self._conn.transaction():
+            yield
+
+    async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:
+        conn = await self._as(tenant_id)
+        if not keys:
+            return {}
+        rows = await conn.fetch("SELECT key, schema FROM entity_schemas WHERE tenant_id = $1 AND key = ANY($2::text[])",
+                                tenant_id, sorted(keys))
+        return {row["key"]: row["schema"] for row in rows}
+
+    async def put_entity_schema(self, tenant_id: str, key: str, schema: dict) -> None:
+        await (await self._as(tenant_id)).execute(
+            "INSERT INTO entity_schemas (tenant_id, key, schema) VALUES ($1, $2, $3) ON CONFLICT (tenant_id, key)"
+            " DO UPDATE SET schema = excluded.schema, updated_at = now()", tenant_id, key, schema)
+
+    async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
+        conn = await self._as(tenant_id)
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memory-key:{tenant_id}:{user_id}:{key}")
+        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND key = $3"
+                                          " AND status = 1", tenant_id, user_id, key)
+
+    async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None:
+        await (await self._as(tenant_id)).execute(
+            "UPDATE memories SET status = 3, superseded_by = $3::uuid, changed_at = $4"
+            " WHERE tenant_id = $1 AND memory_id = $2::uuid", tenant_id, memory_id, by, at)
+
+    async def update(self, record: MemoryRecord) -> None:
+        await (await self._as(record.tenant_id)).execute(
+            "UPDATE memories SET confidence = $3, status = $4, expires_at = $5, changed_at = $6, reason = $7"
+            " WHERE tenant_id = $1 AND memory_id = $2::uuid", record.tenant_id, record.memory_id,
+            int(record.confidence), int(record.status), record.expires_at, record.changed_at, record.reason)
+
+    async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND key = $3 ORDER BY created_at, memory_id",
+            tenant_id, user_id, key)
+        return [_record(row) for row in rows]
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         rows = await (await self._as(tenant_id)).fetch(

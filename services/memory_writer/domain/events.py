@@ -6,12 +6,27 @@ from dataclasses import dataclass
 
 from services.memory_writer.domain.model import MemoryRecord
 
-__all__ = ["DomainEvent", "MemoryForgotten", "MemoryWritten"]
+__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryWritten"]
 
 
 @dataclass(frozen=True)
 class MemoryWritten:
     record: MemoryRecord
+
+
+@dataclass(frozen=True)
+class MemoryCorrected:
+    """`old` (the key's previous current value) was superseded by `new`."""
+
+    old: MemoryRecord
+    new: MemoryRecord
+
+
+@dataclass(frozen=True)
+class MemoryConfirmed:
+    record: MemoryRecord  # after confirmation (L1, current)
+    supersedes: str = ""
+    confirmed_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -22,4 +37,4 @@ class MemoryForgotten:
     reason: str
 
 
-DomainEvent = MemoryWritten | MemoryForgotten
+DomainEvent = MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryForgotten

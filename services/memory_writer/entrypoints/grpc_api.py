@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+import asyncpg
+
 from libs.auth import current_principal
-from libs.protogen.mnemesh.v1 import memory_pb2, memory_pb2_grpc
+from libs.errors import DomainError, Internal, ValidationFailed
+from libs.logs import get_logger
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import Registration
-from services.memory_writer.adapters.mapping import command_from_proto, memory_to_proto
+from services.memory_writer.adapters.mapping import command_from_proto, memory_to_proto, result_to_proto, timestamp
+from services.memory_writer.domain import WriteResult
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
 
-__all__ = ["registration"]
+__all__ = ["registration", "write_error"]
 
-SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget"}
+log = get_logger(__name__)
+
+SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
+          "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read"}
+
+
+def _caller() -> str:
+    principal = current_principal.get()
+    return principal.subject if principal else ""
+
+
+def write_error(exc: BaseException) -> DomainError:
+    """The structured error of one write of a batch (what the interceptor does for a whole call)."""
+    if isinstance(exc, DomainError):
+        return exc
+    if isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "")[:2] in ("22", "54"):
+        return ValidationFailed("the write holds a value the store cannot keep", field="content",
+                                hint="shorten or correct the values you sent; see the limits in the README")
+    log.error("write in a batch failed", exc_info=exc)
+    return Internal(f"internal error ({type(exc).__name__}); see the service log", retryable=True,
+                    hint="retry this write once; if it persists, report it")
+
+
+def _detail(error: DomainError) -> common_pb2.ErrorDetail:
+    return common_pb2.ErrorDetail(error_type=error.error_type, field=error.field, reason=error.reason,
+                                  retryable=error.retryable, hint=error.hint)
 
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
@@ -19,9 +49,29 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         self.uow = uow
 
     async def Write(self, request, context):
-        result = await handlers.write_memory(command_from_proto(request), self.uow())
-        return memory_pb2.WriteMemoryResponse(memory_id=result.memory_id, duplicate=result.duplicate,
-                                              version=result.version)
+        result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow())
+        return result_to_proto(result)
+
+    async def WriteBatch(self, request, context):
+        if not request.writes:
+            raise ValidationFailed("is empty", field="writes", hint="send 1 to 500 writes")
+        tenant = request.tenant.tenant_id or request.writes[0].tenant.tenant_id
+        if not tenant:
+            raise ValidationFailed("is required", field="tenant.tenant_id", hint="say which tenant the writes are for")
+        caller = _caller()
+        outcomes = await handlers.write_batch([command_from_proto(w, caller) for w in request.writes], self.uow,
+                                              tenant_id=tenant)
+        results = []
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, WriteResult):
+                results.append(memory_pb2.WriteBatchResult(result=result_to_proto(outcome)))
+                continue
+            error = write_error(outcome)
+            detail = _detail(error)
+            detail.field = f"writes[{i}].{detail.field}" if detail.field else f"writes[{i}]"
+            results.append(memory_pb2.WriteBatchResult(
+                result=memory_pb2.WriteMemoryResponse(status=memory_pb2.WRITE_STATUS_FAILED), error=detail))
+        return memory_pb2.WriteBatchResponse(results=results)
 
     async def Get(self, request, context):
         cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id)
@@ -33,6 +83,28 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                     requested_by=principal.subject if principal else "",
                                     admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
         return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
+
+    async def Correct(self, request, context):
+        cmd = handlers.CorrectEntity(
+            tenant_id=request.tenant.tenant_id, user_id=request.tenant.user_id, session_id=request.tenant.session_id,
+            key=request.key, content=request.content, reason=request.reason,
+            source=request.source or handlers.CorrectEntity.source, layer=request.layer or handlers.CorrectEntity.layer,
+            idempotency_key=request.idempotency_key, requested_by=_caller())
+        result = await handlers.correct(cmd, self.uow())
+        return memory_pb2.CorrectResponse(memory_id=result.memory_id, supersedes=result.supersedes,
+                                          duplicate=result.duplicate)
+
+    async def Confirm(self, request, context):
+        cmd = handlers.ConfirmMemory(request.tenant.tenant_id, request.memory_id, request.reason, _caller())
+        record, supersedes = await handlers.confirm(cmd, self.uow())
+        return memory_pb2.ConfirmResponse(memory=memory_to_proto(record), supersedes=supersedes)
+
+    async def History(self, request, context):
+        cmd = handlers.KeyHistory(request.tenant.tenant_id, request.tenant.user_id or _caller(), request.key)
+        entries = [memory_pb2.HistoryEntry(memory=memory_to_proto(r), superseded_by=r.superseded_by,
+                                           changed_at=timestamp(r.changed_at), changed_by=r.written_by, reason=r.reason)
+                   for r in await handlers.history(cmd, self.uow())]
+        return memory_pb2.HistoryResponse(entries=entries)
 
 
 def registration(uow: UnitOfWorkFactory) -> Registration:

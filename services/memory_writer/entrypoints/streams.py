@@ -1,22 +1,48 @@
-"""The memory commands stream: each event becomes a WriteMemory command, like a gRPC Write."""
+"""The memory commands stream, in batches: each entry becomes a WriteMemory command, like a gRPC Write.
+
+The BatchConsumer (libs/events/batches.py) reads, admits and groups the entries by tenant and
+opens the transaction; this handler turns one tenant's envelopes into commands, writes them
+through the batch pipeline in that transaction, and answers one outcome per envelope.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import asyncpg
 
+from libs.errors import DomainError
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
+from services.memory_writer.domain import WriteMemory
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_write_requested"]
+__all__ = ["on_write_batch"]
+
+PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
 
-def on_write_requested(uow_for: Callable[[asyncpg.Connection, Envelope], UnitOfWork]):
-    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
-        await handlers.write_memory(command_from_proto(envelope.message()), uow_for(conn, envelope),
-                                    on_behalf_of=envelope.tenant_id)
+def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
+    async def handle(tenant_id: str, envelopes: list[Envelope],
+                     conn: asyncpg.Connection) -> Sequence[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(envelopes)
+        cmds: list[WriteMemory] = []
+        index: list[int] = []
+        for i, envelope in enumerate(envelopes):
+            try:
+                cmds.append(command_from_proto(envelope.message(), written_by=PRODUCER))
+                index.append(i)
+            except DomainError as exc:
+                outcomes[i] = exc
+        uow = uow_for(conn)
+
+        def caused_by(i: int) -> None:
+            uow.causation = envelopes[index[i]]
+
+        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by)
+        for i, result in zip(index, results, strict=True):
+            outcomes[i] = result if isinstance(result, BaseException) else None
+        return outcomes
 
     return handle

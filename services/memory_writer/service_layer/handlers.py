@@ -4,49 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from libs.errors import IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
+from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
-from services.memory_writer.domain import (
-    MemoryForgotten,
-    MemoryRecord,
-    MemoryWritten,
-    WriteMemory,
-    WriteResult,
-    new_memory,
-)
+from services.memory_writer.domain import MemoryForgotten, MemoryRecord
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
+from services.memory_writer.service_layer.writes import (
+    ConfirmMemory,
+    CorrectEntity,
+    KeyHistory,
+    confirm,
+    correct,
+    history,
+    write_batch,
+    write_memory,
+)
 
-__all__ = ["ADMIN_SCOPE", "ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
-
-
-async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "") -> WriteResult:
-    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
-    if on_behalf_of:
-        if cmd.tenant_id and cmd.tenant_id != on_behalf_of:
-            raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {on_behalf_of!r}",
-                                   field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
-        cmd = replace(cmd, tenant_id=on_behalf_of)
-    record = new_memory(cmd)
-    async with uow:
-        if cmd.idempotency_key:
-            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
-            if existing:
-                return _retried(existing, record)
-        if not await uow.add(record):  # a concurrent write with the same key got there first
-            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
-            return _retried(existing, record)
-        version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
-    return WriteResult(record.memory_id, duplicate=False, version=version)
-
-
-def _retried(existing: MemoryRecord, record: MemoryRecord) -> WriteResult:
-    """The answer to a write whose idempotency key is taken: the first result for a true retry,
-    a refusal for a different write under the same key (never a silent drop of the new content)."""
-    if existing.request_hash and existing.request_hash != record.request_hash:
-        raise IdempotencyKeyReused(
-            "was already used for a different write", field="idempotency_key",
-            hint="use a new idempotency key for new content; reuse a key only to retry the same write")
-    return WriteResult(existing.memory_id, duplicate=True, version=1)
+__all__ = ["ADMIN_SCOPE", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory", "confirm",
+           "correct", "forget", "get_memory", "history", "write_batch", "write_memory"]
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,44 @@ class MemoryWritten(_message.Message):
     version: int
     def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
+class MemoryCorrected(_message.Message):
+    __slots__ = ("tenant", "key", "old_memory_id", "new_memory_id", "changed_by", "reason", "corrected_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OLD_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    old_memory_id: str
+    new_memory_id: str
+    changed_by: str
+    reason: str
+    corrected_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., old_memory_id: _Optional[str] = ..., new_memory_id: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., corrected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryConfirmed(_message.Message):
+    __slots__ = ("tenant", "memory_id", "key", "confidence", "supersedes", "changed_by", "reason", "expires_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    key: str
+    confidence: _common_pb2.Confidence
+    supersedes: str
+    changed_by: str
+    reason: str
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., supersedes: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

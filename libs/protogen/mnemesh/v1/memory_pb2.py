@@ -28,33 +28,55 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/memory.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\x84\x03\n\x12WriteMemoryRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12&\n\x05layer\x18\x02 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12&\n\x06source\x18\x03 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x0b\n\x03key\x18\x05 \x01(\t\x12*\n\nconfidence\x18\x06 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x0c\n\x04tags\x18\x07 \x03(\t\x12\x14\n\x0c\x64\x65rived_from\x18\x08 \x03(\t\x12\x0f\n\x07step_id\x18\t \x01(\t\x12.\n\nexpires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12+\n\nattributes\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\"L\n\x13WriteMemoryResponse\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\"P\n\x10GetMemoryRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"7\n\x11GetMemoryResponse\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\"M\n\rForgetRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"#\n\x0e\x46orgetResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x03\"\x95\x02\n\rSearchRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\'\n\x06layers\x18\x04 \x03(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12)\n\x05since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0emin_confidence\x18\x08 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\"i\n\tSearchHit\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x14\n\x0cmust_confirm\x18\x03 \x01(\x08\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\"5\n\x0eSearchResponse\x12#\n\x04hits\x18\x01 \x03(\x0b\x32\x15.mnemesh.v1.SearchHit2\xdd\x01\n\x0cMemoryWriter\x12H\n\x05Write\x12\x1e.mnemesh.v1.WriteMemoryRequest\x1a\x1f.mnemesh.v1.WriteMemoryResponse\x12\x42\n\x03Get\x12\x1c.mnemesh.v1.GetMemoryRequest\x1a\x1d.mnemesh.v1.GetMemoryResponse\x12?\n\x06\x46orget\x12\x19.mnemesh.v1.ForgetRequest\x1a\x1a.mnemesh.v1.ForgetResponse2L\n\tRetriever\x12?\n\x06Search\x12\x19.mnemesh.v1.SearchRequest\x1a\x1a.mnemesh.v1.SearchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/memory.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\x84\x03\n\x12WriteMemoryRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12&\n\x05layer\x18\x02 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12&\n\x06source\x18\x03 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x0b\n\x03key\x18\x05 \x01(\t\x12*\n\nconfidence\x18\x06 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x0c\n\x04tags\x18\x07 \x03(\t\x12\x14\n\x0c\x64\x65rived_from\x18\x08 \x03(\t\x12\x0f\n\x07step_id\x18\t \x01(\t\x12.\n\nexpires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12+\n\nattributes\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9f\x01\n\x13WriteMemoryResponse\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.mnemesh.v1.WriteStatus\x12\x12\n\nsupersedes\x18\x05 \x01(\t\x12\x14\n\x0cmust_confirm\x18\x06 \x01(\x08\"n\n\x11WriteBatchRequest\x12.\n\x06writes\x18\x01 \x03(\x0b\x32\x1e.mnemesh.v1.WriteMemoryRequest\x12)\n\x06tenant\x18\x02 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\"k\n\x10WriteBatchResult\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.mnemesh.v1.WriteMemoryResponse\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\"C\n\x12WriteBatchResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.mnemesh.v1.WriteBatchResult\"\xd2\x01\n\x0e\x43orrectRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12&\n\x06source\x18\x05 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05layer\x18\x07 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\"K\n\x0f\x43orrectResponse\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x12\n\nsupersedes\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"^\n\x0e\x43onfirmRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"I\n\x0f\x43onfirmResponse\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x12\n\nsupersedes\x18\x02 \x01(\t\"H\n\x0eHistoryRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0b\n\x03key\x18\x02 \x01(\t\"\x9d\x01\n\x0cHistoryEntry\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x15\n\rsuperseded_by\x18\x02 \x01(\t\x12.\n\nchanged_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nchanged_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"<\n\x0fHistoryResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.mnemesh.v1.HistoryEntry\"P\n\x10GetMemoryRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"7\n\x11GetMemoryResponse\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\"M\n\rForgetRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"#\n\x0e\x46orgetResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x03\"\x95\x02\n\rSearchRequest\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\'\n\x06layers\x18\x04 \x03(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12)\n\x05since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0emin_confidence\x18\x08 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\"i\n\tSearchHit\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x14\n\x0cmust_confirm\x18\x03 \x01(\x08\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\"5\n\x0eSearchResponse\x12#\n\x04hits\x18\x01 \x03(\x0b\x32\x15.mnemesh.v1.SearchHit*\x95\x01\n\x0bWriteStatus\x12\x1c\n\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13WRITE_STATUS_STORED\x10\x01\x12\x1a\n\x16WRITE_STATUS_DUPLICATE\x10\x02\x12\x1a\n\x16WRITE_STATUS_CANDIDATE\x10\x03\x12\x17\n\x13WRITE_STATUS_FAILED\x10\x04\x32\xf6\x03\n\x0cMemoryWriter\x12H\n\x05Write\x12\x1e.mnemesh.v1.WriteMemoryRequest\x1a\x1f.mnemesh.v1.WriteMemoryResponse\x12\x42\n\x03Get\x12\x1c.mnemesh.v1.GetMemoryRequest\x1a\x1d.mnemesh.v1.GetMemoryResponse\x12?\n\x06\x46orget\x12\x19.mnemesh.v1.ForgetRequest\x1a\x1a.mnemesh.v1.ForgetResponse\x12K\n\nWriteBatch\x12\x1d.mnemesh.v1.WriteBatchRequest\x1a\x1e.mnemesh.v1.WriteBatchResponse\x12\x42\n\x07\x43orrect\x12\x1a.mnemesh.v1.CorrectRequest\x1a\x1b.mnemesh.v1.CorrectResponse\x12\x42\n\x07\x43onfirm\x12\x1a.mnemesh.v1.ConfirmRequest\x1a\x1b.mnemesh.v1.ConfirmResponse\x12\x42\n\x07History\x12\x1a.mnemesh.v1.HistoryRequest\x1a\x1b.mnemesh.v1.HistoryResponse2L\n\tRetriever\x12?\n\x06Search\x12\x19.mnemesh.v1.SearchRequest\x1a\x1a.mnemesh.v1.SearchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mnemesh.v1.memory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_WRITESTATUS']._serialized_start=2425
+  _globals['_WRITESTATUS']._serialized_end=2574
   _globals['_WRITEMEMORYREQUEST']._serialized_start=128
   _globals['_WRITEMEMORYREQUEST']._serialized_end=516
-  _globals['_WRITEMEMORYRESPONSE']._serialized_start=518
-  _globals['_WRITEMEMORYRESPONSE']._serialized_end=594
-  _globals['_GETMEMORYREQUEST']._serialized_start=596
-  _globals['_GETMEMORYREQUEST']._serialized_end=676
-  _globals['_GETMEMORYRESPONSE']._serialized_start=678
-  _globals['_GETMEMORYRESPONSE']._serialized_end=733
-  _globals['_FORGETREQUEST']._serialized_start=735
-  _globals['_FORGETREQUEST']._serialized_end=812
-  _globals['_FORGETRESPONSE']._serialized_start=814
-  _globals['_FORGETRESPONSE']._serialized_end=849
-  _globals['_SEARCHREQUEST']._serialized_start=852
-  _globals['_SEARCHREQUEST']._serialized_end=1129
-  _globals['_SEARCHHIT']._serialized_start=1131
-  _globals['_SEARCHHIT']._serialized_end=1236
-  _globals['_SEARCHRESPONSE']._serialized_start=1238
-  _globals['_SEARCHRESPONSE']._serialized_end=1291
-  _globals['_MEMORYWRITER']._serialized_start=1294
-  _globals['_MEMORYWRITER']._serialized_end=1515
-  _globals['_RETRIEVER']._serialized_start=1517
-  _globals['_RETRIEVER']._serialized_end=1593
+  _globals['_WRITEMEMORYRESPONSE']._serialized_start=519
+  _globals['_WRITEMEMORYRESPONSE']._serialized_end=678
+  _globals['_WRITEBATCHREQUEST']._serialized_start=680
+  _globals['_WRITEBATCHREQUEST']._serialized_end=790
+  _globals['_WRITEBATCHRESULT']._serialized_start=792
+  _globals['_WRITEBATCHRESULT']._serialized_end=899
+  _globals['_WRITEBATCHRESPONSE']._serialized_start=901
+  _globals['_WRITEBATCHRESPONSE']._serialized_end=968
+  _globals['_CORRECTREQUEST']._serialized_start=971
+  _globals['_CORRECTREQUEST']._serialized_end=1181
+  _globals['_CORRECTRESPONSE']._serialized_start=1183
+  _globals['_CORRECTRESPONSE']._serialized_end=1258
+  _globals['_CONFIRMREQUEST']._serialized_start=1260
+  _globals['_CONFIRMREQUEST']._serialized_end=1354
+  _globals['_CONFIRMRESPONSE']._serialized_start=1356
+  _globals['_CONFIRMRESPONSE']._serialized_end=1429
+  _globals['_HISTORYREQUEST']._serialized_start=1431
+  _globals['_HISTORYREQUEST']._serialized_end=1503
+  _globals['_HISTORYENTRY']._serialized_start=1506
+  _globals['_HISTORYENTRY']._serialized_end=1663
+  _globals['_HISTORYRESPONSE']._serialized_start=1665
+  _globals['_HISTORYRESPONSE']._serialized_end=1725
+  _globals['_GETMEMORYREQUEST']._serialized_start=1727
+  _globals['_GETMEMORYREQUEST']._serialized_end=1807
+  _globals['_GETMEMORYRESPONSE']._serialized_start=1809
+  _globals['_GETMEMORYRESPONSE']._serialized_end=1864
+  _globals['_FORGETREQUEST']._serialized_start=1866
+  _globals['_FORGETREQUEST']._serialized_end=1943
+  _globals['_FORGETRESPONSE']._serialized_start=1945
+  _globals['_FORGETRESPONSE']._serialized_end=1980
+  _globals['_SEARCHREQUEST']._serialized_start=1983
+  _globals['_SEARCHREQUEST']._serialized_end=2260
+  _globals['_SEARCHHIT']._serialized_start=2262
+  _globals['_SEARCHHIT']._serialized_end=2367
+  _globals['_SEARCHRESPONSE']._serialized_start=2369
+  _globals['_SEARCHRESPONSE']._serialized_end=2422
+  _globals['_MEMORYWRITER']._serialized_start=2577
+  _globals['_MEMORYWRITER']._serialized_end=3079
+  _globals['_RETRIEVER']._serialized_start=3081
+  _globals['_RETRIEVER']._serialized_end=3157
 # @@protoc_insertion_point(module_scope)

@@ -74,6 +74,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
                                   "reason": _text(500), "idempotency_key": _ident(128)},
     "mnemesh.v1.ConfirmRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
     "mnemesh.v1.HistoryRequest": {**_TENANT, "key": _ident(128)},
+    "mnemesh.v1.RegisterEntitySchemaRequest": {**_TENANT, "key": _ident(128), "schema": _struct(16 * _KB)},
     "mnemesh.v1.ForgetRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
     "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),
                                  "tags": _ident(64, items=32)},

@@ -146,6 +146,25 @@ async def test_correct_confirm_and_history_keep_the_chain_and_serve_the_current_
     assert (detail.field, refused.value.code()) == ("content", grpc.StatusCode.INVALID_ARGUMENT)
 
 
+async def test_a_registered_entity_schema_refuses_values_it_does_not_accept(writer: Settings) -> None:
+    schema = {"type": "string", "enum": ["basic", "pro"]}
+    async with stub_for(writer) as ch:
+        stub = memory_pb2_grpc.MemoryWriterStub(ch)
+        request = memory_pb2.RegisterEntitySchemaRequest(key="user.plan")
+        request.schema.update(schema)
+        await stub.RegisterEntitySchema(request, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Write(entity("user.plan", "platinum"), timeout=5)
+        stored = await stub.Write(entity("user.plan", "pro"), timeout=5)
+        broken = memory_pb2.RegisterEntitySchemaRequest(key="user.tier")
+        broken.schema.update({"type": "no-such-type"})
+        with pytest.raises(grpc.aio.AioRpcError) as bad_schema:
+            await stub.RegisterEntitySchema(broken, timeout=5)
+    assert error_detail(refused.value).field == "content" and "'platinum' is not one of" in refused.value.details()
+    assert stored.status == memory_pb2.WRITE_STATUS_STORED
+    assert error_detail(bad_schema.value).field == "schema"
+
+
 def command(settings: Settings, request: memory_pb2.WriteMemoryRequest, tenant: str = "acme") -> dict:
     request.tenant.tenant_id = tenant
     return Envelope.wrap(request, event_type="memory.write_requested", tenant_id=tenant,

@@ -18,7 +18,7 @@ from libs.protogen.mnemesh.v1 import events_pb2
 pytestmark = pytest.mark.integration
 
 # Every tenant-owned table, by the migrations that create it.
-TABLES = {"services.memory_writer": ["events", "outbox", "memories"],
+TABLES = {"services.memory_writer": ["events", "outbox", "memories", "entity_schemas"],
           "services.retriever": ["events", "outbox", "documents", "tombstones"]}
 
 
@@ -37,6 +37,9 @@ async def insert_row(conn: asyncpg.Connection, table: str, tenant: str, store: E
     elif table == "memories":
         await conn.execute("INSERT INTO memories (memory_id, tenant_id, user_id, layer, source, content, confidence,"
                            " created_at) VALUES ($1, $2, 'u', 5, 2, 'c', 1, $3)", uuid.uuid4(), tenant, now)
+    elif table == "entity_schemas":
+        await conn.execute("INSERT INTO entity_schemas (tenant_id, key, schema) VALUES ($1, $2, '{}')", tenant,
+                           f"k.{uuid.uuid4().hex[:8]}")
     elif table == "documents":
         await conn.execute("INSERT INTO documents (memory_id, tenant_id, user_id, layer, source, confidence, content,"
                            " terms, created_at) VALUES ($1, $2, 'u', 5, 2, 1, 'c', '{c}', $3)", uuid.uuid4(), tenant,

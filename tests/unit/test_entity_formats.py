@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.errors import ValidationFailed
+from services.memory_writer.domain.entities import a_date as the_date
 from services.memory_writer.domain.entities import (
     amount,
     bank_card,
@@ -22,7 +23,6 @@ from services.memory_writer.domain.entities import (
     luhn_ok,
     resident_id_check_digit,
 )
-from services.memory_writer.domain.entities import a_date as the_date
 
 digits = st.text(alphabet="0123456789", min_size=1, max_size=1)
 

@@ -21,7 +21,7 @@ import jsonschema
 
 from libs.errors import ValidationFailed
 
-__all__ = ["FORMATS", "check_entity", "format_of", "luhn_ok", "resident_id_check_digit"]
+__all__ = ["FORMATS", "check_entity", "check_schema", "format_of", "luhn_ok", "resident_id_check_digit"]
 
 FIELD = "content"
 
@@ -228,6 +228,16 @@ def format_of(key: str) -> Format | None:
         if last.endswith(suffix):
             return fmt
     return None
+
+
+def check_schema(schema: Mapping) -> None:
+    """Refuse a JSON Schema that is not one (so no write is later checked against nonsense)."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise ValidationFailed(f"is not a valid JSON Schema{' at ' + where if where else ''}: {exc.message}",
+                               field="schema", hint="send a JSON Schema (draft 2020-12)") from None
 
 
 def _by_schema(key: str, value: str, schema: Mapping) -> str:

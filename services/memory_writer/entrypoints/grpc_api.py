@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncpg
+from google.protobuf import json_format
 
 from libs.auth import current_principal
 from libs.errors import DomainError, Internal, ValidationFailed
 from libs.logs import get_logger
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import Registration
-from services.memory_writer.adapters.mapping import command_from_proto, memory_to_proto, result_to_proto, timestamp
+from services.memory_writer.adapters.mapping import (
+    command_from_proto,
+    memory_to_proto,
+    result_to_proto,
+    timestamp,
+)
 from services.memory_writer.domain import WriteResult
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
@@ -19,7 +25,8 @@ __all__ = ["registration", "write_error"]
 log = get_logger(__name__)
 
 SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
-          "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read"}
+          "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
+          "RegisterEntitySchema": "memory:admin"}
 
 
 def _caller() -> str:
@@ -105,6 +112,12 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                            changed_at=timestamp(r.changed_at), changed_by=r.written_by, reason=r.reason)
                    for r in await handlers.history(cmd, self.uow())]
         return memory_pb2.HistoryResponse(entries=entries)
+
+    async def RegisterEntitySchema(self, request, context):
+        cmd = handlers.RegisterEntitySchema(request.tenant.tenant_id, request.key,
+                                            json_format.MessageToDict(request.schema))
+        await handlers.register_entity_schema(cmd, self.uow())
+        return memory_pb2.RegisterEntitySchemaResponse()
 
 
 def registration(uow: UnitOfWorkFactory) -> Registration:

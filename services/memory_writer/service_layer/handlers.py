@@ -12,15 +12,18 @@ from services.memory_writer.service_layer.writes import (
     ConfirmMemory,
     CorrectEntity,
     KeyHistory,
+    RegisterEntitySchema,
     confirm,
     correct,
     history,
+    register_entity_schema,
     write_batch,
     write_memory,
 )
 
-__all__ = ["ADMIN_SCOPE", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory", "confirm",
-           "correct", "forget", "get_memory", "history", "write_batch", "write_memory"]
+__all__ = ["ADMIN_SCOPE", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
+           "RegisterEntitySchema", "confirm", "correct", "forget", "get_memory", "history", "register_entity_schema",
+           "write_batch", "write_memory"]
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from libs.errors import Conflict, DomainError, IdempotencyKeyReused, NotFound, ValidationFailed
-from libs.transient import is_transient
 from libs.eventstore import ANY_VERSION
+from libs.transient import is_transient
 from services.memory_writer.domain import (
     Confidence,
     Layer,
@@ -34,10 +34,11 @@ from services.memory_writer.domain import (
     decide,
     new_memory,
 )
+from services.memory_writer.domain.entities import check_schema
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "confirm", "correct", "history", "write_batch",
-           "write_memory"]
+__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
+           "register_entity_schema", "write_batch", "write_memory"]
 
 MAX_BATCH = 500
 Outcome = WriteResult | BaseException
@@ -246,3 +247,19 @@ async def history(cmd: KeyHistory, uow: UnitOfWork) -> list[MemoryRecord]:
     async with uow:
         return await uow.history(cmd.tenant_id, cmd.user_id, cmd.key)
 
+
+
+@dataclass(frozen=True)
+class RegisterEntitySchema:
+    tenant_id: str
+    key: str
+    schema: dict
+
+
+async def register_entity_schema(cmd: RegisterEntitySchema, uow: UnitOfWork) -> None:
+    """Values of `key` must match `schema` from now on (already stored values are not re-checked)."""
+    if not cmd.key:
+        raise ValidationFailed("is required", field="key", hint="name the entity key, e.g. user.plan")
+    check_schema(cmd.schema)
+    async with uow:
+        await uow.put_entity_schema(cmd.tenant_id, cmd.key, cmd.schema)

@@ -166,6 +166,20 @@ class HistoryResponse(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
     def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
 
+class RegisterEntitySchemaRequest(_message.Message):
+    __slots__ = ("tenant", "key", "schema")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    schema: _struct_pb2.Struct
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class RegisterEntitySchemaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetMemoryRequest(_message.Message):
     __slots__ = ("tenant", "memory_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -72,6 +72,11 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.RegisterEntitySchema = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryWriterServicer:
@@ -125,6 +130,13 @@ class MemoryWriterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterEntitySchema(self, request, context):
+        """A tenant's own format for an entity key, as a JSON Schema (needs the scope memory:admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryWriterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +174,11 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.History,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.SerializeToString,
+            ),
+            'RegisterEntitySchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterEntitySchema,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +372,33 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/History',
             mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterEntitySchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
+            mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

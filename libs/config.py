@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     outbox_poll_seconds: float = Field(0.5, gt=0)
     housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
     processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
+    # The memory-writer's master key: file:<path> (development; `file:` alone is <data_dir>/master.key) or
+    # pkcs11:<library .so>|<token label>|<key label> for an HSM, with its PIN below.
+    master_key: str = Field("file:", description="key provider of the memory-writer's master key")
+    pkcs11_pin: SecretStr = Field(SecretStr(""), description="PIN of the PKCS#11 token holding the master key")
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")

@@ -68,7 +68,12 @@ def _text(value: bytes | str) -> str:
 
 class BatchConsumer:
     def __init__(self, bus: EventBus, db: Database, stream: str, group: str, handler: BatchHandler,
-                 verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500) -> None:
+                 verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
+                 delete_handled: bool = False,
+                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
+        """`delete_handled`: XDEL entries once acknowledged (a command stream whose entries may hold data
+        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep."""
+        self.delete_handled, self.scrub = delete_handled, scrub
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
         self.batch_size, self.block_ms = batch_size, block_ms
@@ -145,6 +150,8 @@ class BatchConsumer:
             done += await self._handle_tenant(tenant_id, group)
         if done:
             await redis.xack(self.key, self.group, *done)
+            if self.delete_handled:
+                await redis.xdel(self.key, *done)
 
     async def _handle_tenant(self, tenant_id: str, entries: list[_Entry]) -> list[str]:
         """Run the handler for one tenant's entries; return the entry ids to acknowledge."""
@@ -206,7 +213,8 @@ class BatchConsumer:
         reason = exc.to_dict() if isinstance(exc, DomainError) else {
             "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc), "retryable": False,
             "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
-        await self.bus.dead_letter(self.key, entry.fields, reason, group=self.group, entry_id=entry.entry_id,
+        fields = self.scrub(entry.fields) if self.scrub else entry.fields
+        await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
                                    deliveries=deliveries)
 
 

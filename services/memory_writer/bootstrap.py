@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from libs.crypto import key_provider
 from libs.events.batches import BatchConsumer
 from libs.events.schema import MEMORY_COMMANDS
 from libs.runtime import ServiceContext
+from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
 from services.memory_writer.entrypoints import grpc_api, streams
 
@@ -13,16 +15,23 @@ MIGRATIONS = "services.memory_writer"
 
 
 async def bootstrap(ctx: ServiceContext) -> None:
+    settings = ctx.settings
+    keys = KeyRing(key_provider(settings.master_key, settings.data_dir, pin=settings.pkcs11_pin.get_secret_value(),
+                                dev_mode=settings.dev_mode))
+
     def uow():
-        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox)
+        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, keys)
 
     def uow_in(conn):
-        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, conn=conn)
+        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, keys, conn=conn)
 
     ctx.add_grpc(grpc_api.registration(uow))
     # Commands are taken in batches (one transaction per batch and tenant), not one by one through
     # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
     consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),
                              ctx.verifier, batch_size=ctx.settings.memory_batch_size,
-                             block_ms=ctx.settings.memory_batch_block_ms)
+                             block_ms=ctx.settings.memory_batch_block_ms,
+                             # A command may hold a secret: once written (sealed), its entry is deleted, and a
+                             # dead-lettered one keeps only the redacted text.
+                             delete_handled=True, scrub=streams.scrub_command)
     ctx.tasks.append(consumer.run)

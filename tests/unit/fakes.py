@@ -36,6 +36,7 @@ class MemoryDatabase:
     streams: dict[str, list[DomainEvent]] = field(default_factory=dict)
     published: list[tuple[str, DomainEvent]] = field(default_factory=list)
     schemas: dict[tuple[str, str], dict] = field(default_factory=dict)
+    user_keys: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, user) -> a key id
 
 
 class FakeUnitOfWork:
@@ -86,8 +87,28 @@ class FakeUnitOfWork:
                 "one current value per entity key (the partial unique index)"
         if record.idempotency_key and await self.find_by_idempotency_key(record.tenant_id, record.idempotency_key):
             return False
+        if record.sensitive_kind:  # as the real adapter: only the redacted text in clear, the rest "sealed"
+            key = self.db.user_keys.setdefault((record.tenant_id, record.user_id), f"key-{len(self.db.user_keys)}")
+            record = replace(record, content=record.redacted, sealed=f"{key}|{record.content}".encode())
         self._rows[record.memory_id] = record
         return True
+
+    async def keyed_hash(self, tenant_id: str, value: str) -> str:
+        return f"hmac({tenant_id}:{value})"
+
+    async def reveal(self, record: MemoryRecord) -> str:
+        from libs.crypto import CryptoError
+
+        key, _, content = record.sealed.decode().partition("|")
+        if self.db.user_keys.get((record.tenant_id, record.user_id)) != key:
+            raise CryptoError("the user's key is gone")
+        return content
+
+    async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
+        return self.db.user_keys.pop((tenant_id, user_id), None) is not None
+
+    async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
+        return 2, sum(1 for t, _ in self.db.user_keys if t == tenant_id)
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         removed = [m for m in memory_ids if m in self._rows and self._rows[m].tenant_id == tenant_id]

@@ -197,7 +197,7 @@ async def test_a_write_whose_event_cannot_be_recorded_is_rolled_back_with_its_ro
 
 async def test_a_written_memory_can_be_read_back(db) -> None:
     result = await write_memory(a_write(), FakeUnitOfWork(db))
-    record = await get_memory(GetMemory("acme", result.memory_id), FakeUnitOfWork(db))
+    record, _ = await get_memory(GetMemory("acme", result.memory_id), FakeUnitOfWork(db))
     assert record.memory_id == result.memory_id and record.user_id == "u1"
 
 

@@ -207,3 +207,39 @@ async def test_a_tenant_registered_schema_decides_the_format_of_its_key(db) -> N
     ok = await write_memory(an_entity("user.plan", "pro"), FakeUnitOfWork(db), now=NOW)
     assert ok.status is WriteStatus.STORED
     assert [type(e) for _, e in db.published] == [MemoryWritten]
+
+
+# --- sensitive data -----------------------------------------------------------------------------------------
+
+
+async def test_a_secret_in_content_is_stored_redacted_and_revealed_only_to_the_sensitive_scope(db) -> None:
+    from services.memory_writer.service_layer.handlers import GetMemory, get_memory
+
+    written = await write_memory(a_write(content="my wifi password is hunter22! 记住"), FakeUnitOfWork(db), now=NOW)
+    row = db.rows[written.memory_id]
+    assert "hunter22" not in row.content and row.content == "my wifi password is [sensitive:password] 记住"
+    assert row.sensitive_kind == "password" and row.sensitive_hashes == ("hmac(acme:hunter22)",)
+    event = next(e for _, e in db.published if isinstance(e, MemoryWritten))
+    assert event.record.redacted == row.content  # what the event may carry in clear
+    plain, revealed = await get_memory(GetMemory("acme", written.memory_id, reveal=True), FakeUnitOfWork(db))
+    assert revealed and plain.content == "my wifi password is hunter22! 记住"
+    hidden, revealed = await get_memory(GetMemory("acme", written.memory_id), FakeUnitOfWork(db))
+    assert not revealed and "hunter22" not in hidden.content
+
+
+async def test_forgetting_a_user_destroys_their_key_so_nothing_sealed_can_be_opened_again(db) -> None:
+    from services.memory_writer.service_layer.handlers import ForgetMemory, forget, revealed
+
+    written = await write_memory(an_entity("user.id_card", "110101199003074514"), FakeUnitOfWork(db), now=NOW)
+    sealed_copy = db.rows[written.memory_id]  # as a backup, or the event log, would keep it
+    assert (await revealed([sealed_copy], FakeUnitOfWork(db)))[0][1]
+    await forget(ForgetMemory("acme", "u1", requested_by="u1"), FakeUnitOfWork(db))
+    assert ("acme", "u1") not in db.user_keys
+    (record, opened), = await revealed([sealed_copy], FakeUnitOfWork(db))
+    assert not opened and "110101" not in record.content
+
+
+async def test_the_same_sensitive_value_again_is_a_duplicate_by_its_keyed_hash(db) -> None:
+    first = await write_memory(an_entity("user.bank_card", "6222 0000 0000 0009"), FakeUnitOfWork(db), now=NOW)
+    again = await write_memory(an_entity("user.bank_card", "6222000000000009"), FakeUnitOfWork(db), now=NOW)
+    assert again.status is WriteStatus.DUPLICATE and again.memory_id == first.memory_id

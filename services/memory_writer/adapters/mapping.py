@@ -31,13 +31,18 @@ def _ts(value) -> timestamp_pb2.Timestamp | None:
 timestamp = _ts
 
 
-def memory_to_proto(r: MemoryRecord) -> common_pb2.Memory:
+def memory_to_proto(r: MemoryRecord, *, revealed: bool = False, sealed: bool = False) -> common_pb2.Memory:
+    """The Memory message of `r`. A sensitive record shows its redacted text unless `revealed` (its
+    content was opened for a caller with memory:sensitive); `sealed` adds the ciphertext (events)."""
     attributes = struct_pb2.Struct()
     attributes.update(r.attributes)
+    content = r.content if revealed or not r.sensitive_kind else r.redacted
     return common_pb2.Memory(
         memory_id=r.memory_id,
         tenant=common_pb2.TenantContext(tenant_id=r.tenant_id, user_id=r.user_id, session_id=r.session_id),
-        layer=int(r.layer), source=int(r.source), content=r.content, key=r.key, created_at=_ts(r.created_at),
+        sensitive_kind=r.sensitive_kind, sealed_content=r.sealed if sealed else b"",
+        sensitive_hashes=list(r.sensitive_hashes),
+        layer=int(r.layer), source=int(r.source), content=content, key=r.key, created_at=_ts(r.created_at),
         expires_at=_ts(r.expires_at), confidence=int(r.confidence), engagement=r.engagement, tags=list(r.tags),
         derived_from=list(r.derived_from), step_id=r.step_id, attributes=attributes, status=int(r.status),
         must_confirm=r.must_confirm,
@@ -69,7 +74,8 @@ def _tenant(r: MemoryRecord) -> common_pb2.TenantContext:
 def event_to_proto(event: DomainEvent) -> tuple[str, object]:
     """(event type, payload message) of a domain event."""
     if isinstance(event, MemoryWritten):
-        return "memory.written", events_pb2.MemoryWritten(memory=memory_to_proto(event.record), version=1)
+        return "memory.written", events_pb2.MemoryWritten(memory=memory_to_proto(event.record, sealed=True),
+                                                          version=1)
     if isinstance(event, MemoryCorrected):
         return "memory.corrected", events_pb2.MemoryCorrected(
             tenant=_tenant(event.new), key=event.new.key, old_memory_id=event.old.memory_id,

@@ -8,24 +8,36 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
 
+from libs.crypto import open_sealed, seal
 from libs.db import Database, rowcount
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
+from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.mapping import event_to_proto
-from services.memory_writer.domain import Confidence, DomainEvent, Layer, MemoryRecord, Source, Status
+from services.memory_writer.domain import (
+    Confidence,
+    DomainEvent,
+    Layer,
+    MemoryRecord,
+    MemoryWritten,
+    Source,
+    Status,
+)
 
 __all__ = ["PostgresUnitOfWork"]
 
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
     " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash,"
-    " status, written_by, reason)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,"
+    " $22, $23, $24, $25)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
@@ -39,17 +51,25 @@ def _record(row: asyncpg.Record) -> MemoryRecord:
         expires_at=row["expires_at"], idempotency_key=row["idempotency_key"] or "", attributes=row["attributes"],
         engagement=row["engagement"], request_hash=row["request_hash"] or "", status=Status(row["status"]),
         superseded_by=str(row["superseded_by"] or ""), changed_at=row["changed_at"], written_by=row["written_by"],
-        reason=row["reason"],
+        reason=row["reason"], sensitive_kind=row["sensitive_kind"],
+        redacted=row["content"] if row["sensitive_kind"] else "", sealed=row["sealed"] or b"",
+        content_hmac=row["content_hmac"], sensitive_hashes=tuple(row["sensitive_hashes"]),
     )
+
+
+def _aad(record: MemoryRecord) -> bytes:
+    return f"mnemesh/memory/{record.tenant_id}/{record.user_id}/{record.memory_id}".encode()
 
 
 class PostgresUnitOfWork:
     """A new unit per command. With `conn`, it joins that connection's transaction (stream handlers,
     whose processed-event row must commit with the effect); otherwise it takes a pooled connection."""
 
-    def __init__(self, db: Database, store: EventStore, outbox: Outbox, *, conn: asyncpg.Connection | None = None,
-                 causation: Envelope | None = None) -> None:
-        self.db, self.store, self.outbox = db, store, outbox
+    def __init__(self, db: Database, store: EventStore, outbox: Outbox, keys: KeyRing, *,
+                 conn: asyncpg.Connection | None = None, causation: Envelope | None = None) -> None:
+        self.db, self.store, self.outbox, self.keys = db, store, outbox, keys
+        self._user_keys: dict[str, bytes] = {}  # this unit's user data keys; never kept beyond it
+        self._sealed: dict[str, bytes] = {}
         self._outer, self.causation = conn, causation
         self._conn: asyncpg.Connection | None = None
         self._tenant: str | None = None
@@ -97,15 +117,41 @@ class PostgresUnitOfWork:
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND memory_id::text = $2",
                                tenant_id, memory_id)
 
+    async def _user_key(self, tenant_id: str, user_id: str, *, create: bool) -> bytes:
+        if user_id not in self._user_keys:
+            self._user_keys[user_id] = await self.keys.user_key(await self._as(tenant_id), tenant_id, user_id,
+                                                                create=create)
+        return self._user_keys[user_id]
+
     async def add(self, record: MemoryRecord) -> bool:
         conn = await self._as(record.tenant_id)
+        content, sealed = record.content, None
+        if record.sensitive_kind:  # the plaintext is sealed here; only the redacted text is stored in clear
+            key = await self._user_key(record.tenant_id, record.user_id, create=True)
+            content, sealed = record.redacted, seal(key, record.content.encode(), _aad(record))
+            self._sealed[record.memory_id] = sealed
         status = await conn.execute(
             _INSERT, record.memory_id, record.tenant_id, record.user_id, record.session_id, int(record.layer),
-            int(record.source), record.content, record.key, int(record.confidence), record.engagement,
+            int(record.source), content, record.key, int(record.confidence), record.engagement,
             list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
             record.expires_at, record.idempotency_key or None, record.request_hash or None, int(record.status),
-            record.written_by, record.reason)
+            record.written_by, record.reason, record.sensitive_kind, sealed, record.content_hmac,
+            list(record.sensitive_hashes))
         return rowcount(status) == 1
+
+    async def keyed_hash(self, tenant_id: str, value: str) -> str:
+        return await self.keys.keyed_hash(await self._as(tenant_id), tenant_id, value)
+
+    async def reveal(self, record: MemoryRecord) -> str:
+        key = await self._user_key(record.tenant_id, record.user_id, create=False)
+        return open_sealed(key, record.sealed, _aad(record)).decode()
+
+    async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
+        self._user_keys.pop(user_id, None)
+        return await self.keys.shred(await self._as(tenant_id), tenant_id, user_id)
+
+    async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
+        return await self.keys.rotate_tenant(await self._as(tenant_id), tenant_id)
 
     @contextlib.asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
@@ -161,6 +207,8 @@ class PostgresUnitOfWork:
         return [row[0] for row in rows]
 
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
+        if isinstance(event, MemoryWritten) and event.record.sensitive_kind:  # announced sealed, never in clear
+            event = MemoryWritten(replace(event.record, sealed=self._sealed[event.record.memory_id]))
         event_type, payload = event_to_proto(event)
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)

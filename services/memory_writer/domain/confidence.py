@@ -26,11 +26,16 @@ class Decision:
     supersedes: MemoryRecord | None = None  # the current value this write replaces
 
 
+def _fingerprint(record: MemoryRecord) -> str:
+    # A sensitive value is compared by its keyed hash: the stored record holds no plaintext to compare.
+    return f"hmac:{record.content_hmac}" if record.content_hmac else normalized(record.content)
+
+
 def decide(new: MemoryRecord, current: MemoryRecord | None) -> Decision:
     """What writing `new` does to its key, whose current value is `current` (None: no value yet)."""
     if current is None:
         return Decision(WriteStatus.STORED, replace(new, status=Status.CURRENT))
-    same_value = normalized(new.content) == normalized(current.content)
+    same_value = _fingerprint(new) == _fingerprint(current)
     if same_value and new.confidence >= current.confidence:  # same or weaker: nothing new to say
         return Decision(WriteStatus.DUPLICATE, current)
     if new.confidence > current.confidence:  # weaker (L3 > L2 > L1 in value)

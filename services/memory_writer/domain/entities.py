@@ -172,14 +172,15 @@ def cn_resident_id(value: str) -> str:
     if not (body.isascii() and body.isdigit()) or not (last.isdigit() or last == "X"):
         raise _refuse("the ID number may hold only digits, and X as its last character", hint)
     if int(body[:2]) not in _PROVINCES:
-        raise _refuse(f"the ID number starts with {body[:2]}, which is no region code", hint)
+        raise _refuse("the ID number's first two digits are no region code", hint)
     try:
         a_date(f"{body[6:10]}-{body[10:12]}-{body[12:14]}")
     except ValidationFailed:
-        raise _refuse(f"the birth date in the ID number ({body[6:14]}) is not a real date", hint) from None
-    expected = resident_id_check_digit(body)
-    if last != expected:
-        raise _refuse(f"the ID number's check digit should be {expected}, not {last}; a digit is probably wrong", hint)
+        raise _refuse("the birth date inside the ID number (digits 7 to 14) is not a real date", hint) from None
+    if last != resident_id_check_digit(body):
+        # The digits themselves are never quoted: refusals end up in logs and dead letters.
+        raise _refuse("the ID number's last character (its check digit) does not match the other 17; a digit is "
+                      "probably wrong", hint)
     return text
 
 

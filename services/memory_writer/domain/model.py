@@ -12,6 +12,7 @@ from enum import IntEnum
 from libs.errors import ValidationFailed
 from libs.validation import check_content, check_tenant_id, visible
 from services.memory_writer.domain.entities import check_entity
+from services.memory_writer.domain.sensitive import find_sensitive
 
 __all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "new_memory"]
@@ -119,6 +120,13 @@ class MemoryRecord:
     changed_at: datetime | None = None  # when it was superseded or confirmed
     written_by: str = ""
     reason: str = ""
+    # Sensitive memories: `content` is the plaintext only inside the writer; `redacted` is what may leave.
+    sensitive_kind: str = ""
+    redacted: str = ""
+    sensitive_values: tuple[str, ...] = ()  # found in the content; used for keyed hashes, never stored
+    sensitive_hashes: tuple[str, ...] = ()
+    content_hmac: str = ""  # keyed hash of the normalised content (sensitive memories)
+    sealed: bytes = b""  # the content under the user's data key, as stored and announced
 
     @property
     def must_confirm(self) -> bool:
@@ -155,7 +163,8 @@ def request_fingerprint(cmd: WriteMemory) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None) -> MemoryRecord:
+def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,
+               contacts_sensitive: bool = False) -> MemoryRecord:
     """Validate `cmd` and build the record; ValidationFailed names the first bad field.
 
     `schema` is the JSON Schema the tenant registered for `cmd.key`, if any: it decides the
@@ -184,6 +193,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
             hint="leave confidence empty for the source's default; the user can Confirm the memory later")
     if cmd.key:
         content = check_entity(cmd.key, content, schema)
+    finding = find_sensitive(cmd.key, content, contacts=contacts_sensitive)
     expires_at = cmd.expires_at
     if expires_at is not None and expires_at <= now:
         raise ValidationFailed("is in the past", field="expires_at", hint="leave it empty for no expiry")
@@ -196,4 +206,6 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
         idempotency_key=cmd.idempotency_key, attributes=dict(cmd.attributes),
         request_hash=request_fingerprint(cmd) if cmd.idempotency_key else "",
         written_by=cmd.written_by, reason=cmd.reason,
+        sensitive_kind=finding.kind if finding else "", redacted=finding.redacted if finding else "",
+        sensitive_values=finding.values if finding else (),
     )

@@ -34,6 +34,11 @@ def _caller() -> str:
     return principal.subject if principal else ""
 
 
+def _may_see_sensitive() -> bool:
+    principal = current_principal.get()
+    return bool(principal and principal.has_scope(handlers.SENSITIVE_SCOPE))
+
+
 def write_error(exc: BaseException) -> DomainError:
     """The structured error of one write of a batch (what the interceptor does for a whole call)."""
     if isinstance(exc, DomainError):
@@ -81,8 +86,9 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         return memory_pb2.WriteBatchResponse(results=results)
 
     async def Get(self, request, context):
-        cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id)
-        return memory_pb2.GetMemoryResponse(memory=memory_to_proto(await handlers.get_memory(cmd, self.uow())))
+        cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id, reveal=_may_see_sensitive())
+        record, revealed = await handlers.get_memory(cmd, self.uow())
+        return memory_pb2.GetMemoryResponse(memory=memory_to_proto(record, revealed=revealed))
 
     async def Forget(self, request, context):
         principal = current_principal.get()
@@ -108,9 +114,16 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
 
     async def History(self, request, context):
         cmd = handlers.KeyHistory(request.tenant.tenant_id, request.tenant.user_id or _caller(), request.key)
-        entries = [memory_pb2.HistoryEntry(memory=memory_to_proto(r), superseded_by=r.superseded_by,
+        uow = self.uow()
+        records = await handlers.history(cmd, uow)
+        if _may_see_sensitive():
+            async with self.uow() as reader:
+                shown = await handlers.revealed(records, reader)
+        else:
+            shown = [(r, False) for r in records]
+        entries = [memory_pb2.HistoryEntry(memory=memory_to_proto(r, revealed=rev), superseded_by=r.superseded_by,
                                            changed_at=timestamp(r.changed_at), changed_by=r.written_by, reason=r.reason)
-                   for r in await handlers.history(cmd, self.uow())]
+                   for r, rev in shown]
         return memory_pb2.HistoryResponse(entries=entries)
 
     async def RegisterEntitySchema(self, request, context):

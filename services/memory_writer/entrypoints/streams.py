@@ -7,6 +7,7 @@ through the batch pipeline in that transaction, and answers one outcome per enve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 import asyncpg
@@ -15,10 +16,11 @@ from libs.errors import DomainError
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
+from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_write_batch"]
+__all__ = ["on_write_batch", "scrub_command"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
@@ -46,3 +48,21 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
         return outcomes
 
     return handle
+
+
+def scrub_command(fields: dict[str, str]) -> dict[str, str]:
+    """A command's fields as a dead letter may keep them: sensitive values in its content redacted.
+
+    (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
+    """
+    try:
+        payload = json.loads(fields.get("payload", ""))
+    except ValueError:
+        return fields
+    if not isinstance(payload, dict) or not isinstance(payload.get("content"), str):
+        return fields
+    finding = find_sensitive(str(payload.get("key", "")), payload["content"])
+    if finding is None:
+        return fields
+    payload["content"] = finding.redacted
+    return {**fields, "payload": json.dumps(payload, ensure_ascii=False)}

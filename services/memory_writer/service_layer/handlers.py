@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from libs.crypto import CryptoError
 from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import MemoryForgotten, MemoryRecord
@@ -21,24 +22,56 @@ from services.memory_writer.service_layer.writes import (
     write_memory,
 )
 
-__all__ = ["ADMIN_SCOPE", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
+__all__ = ["ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
            "RegisterEntitySchema", "confirm", "correct", "forget", "get_memory", "history", "register_entity_schema",
            "write_batch", "write_memory"]
+
+
+SENSITIVE_SCOPE = "memory:sensitive"
 
 
 @dataclass(frozen=True)
 class GetMemory:
     tenant_id: str
     memory_id: str
+    reveal: bool = False  # the caller holds memory:sensitive: sensitive content is decrypted for it
 
 
-async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> MemoryRecord:
+async def revealed(records: list[MemoryRecord], uow: UnitOfWork) -> list[tuple[MemoryRecord, bool]]:
+    """Each record with its sensitive content opened, and whether it was (not when its key is gone)."""
+    out = []
+    for record in records:
+        if not record.sensitive_kind:
+            out.append((record, False))
+            continue
+        try:
+            out.append((replace(record, content=await uow.reveal(record)), True))
+        except CryptoError:
+            out.append((record, False))  # crypto-shredded: only the redacted text is left
+    return out
+
+
+async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> tuple[MemoryRecord, bool]:
+    """The memory, and whether its sensitive content was revealed (else the redacted text is shown)."""
     async with uow:
         record = await uow.get(cmd.tenant_id, cmd.memory_id)
-    if record is None:
-        raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
-                       hint="check the id; forgotten and expired memories are gone")
-    return record
+        if record is None:
+            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+                           hint="check the id; forgotten and expired memories are gone")
+        if cmd.reveal:
+            return (await revealed([record], uow))[0]
+    return record, False
+
+
+@dataclass(frozen=True)
+class RotateTenantKey:
+    tenant_id: str
+
+
+async def rotate_tenant_key(cmd: RotateTenantKey, uow: UnitOfWork) -> tuple[int, int]:
+    """Re-wrap every user data key of the tenant under a new tenant key; content stays as it is."""
+    async with uow:
+        return await uow.rotate_tenant_key(cmd.tenant_id)
 
 
 ADMIN_SCOPE = "memory:admin"
@@ -80,6 +113,10 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
                 _may_forget(cmd, record.user_id)
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)
+        if not cmd.memory_id:
+            # Crypto-shredding: whatever copies of the user's sealed content remain (event store,
+            # outbox history, stream entries, backups) can never be opened again.
+            await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
         if removed:
             ids = removed
             stream = f"memory-{cmd.memory_id}" if cmd.memory_id else f"memory-user-{cmd.tenant_id}-{cmd.user_id}"

@@ -48,6 +48,18 @@ class UnitOfWork(Protocol):
     async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
         """Every value of the key, oldest first."""
         ...
+    async def keyed_hash(self, tenant_id: str, value: str) -> str:
+        """HMAC of `value` under the tenant's search key (exact matches without the plaintext)."""
+        ...
+    async def reveal(self, record: MemoryRecord) -> str:
+        """The plaintext of a sensitive record (KeyShredded once its user was forgotten)."""
+        ...
+    async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
+        """Destroy the user's data key (crypto-shredding); False when there was none."""
+        ...
+    async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
+        """A new tenant key version, user keys re-wrapped; returns (version, keys re-wrapped)."""
+        ...
 
 
 class UnitOfWorkFactory(Protocol):

@@ -33,6 +33,7 @@ from services.memory_writer.domain import (
     confirmed,
     decide,
     new_memory,
+    normalized,
 )
 from services.memory_writer.domain.entities import check_schema
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
@@ -76,6 +77,11 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
     """One write inside `uow`. DomainErrors raised before anything is written are the write's own;
     anything raised after is wrapped in _AfterWrite."""
     record = new_memory(cmd, now, schema)
+    if record.sensitive_kind:  # compared and looked up by keyed hashes: the plaintext is sealed on add
+        record = replace(
+            record, content_hmac=await uow.keyed_hash(record.tenant_id, normalized(record.content)),
+            sensitive_hashes=tuple([await uow.keyed_hash(record.tenant_id, normalized(v))
+                                    for v in record.sensitive_values]))
     current = None
     if record.key:  # hold the key first: same-key writes are serialised, whatever their idempotency keys
         current = await uow.current_of(record.tenant_id, record.user_id, record.key)

@@ -27,27 +27,27 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/common.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n\rTenantContext\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"a\n\x0b\x45rrorDetail\x12\x12\n\nerror_type\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x12\x0c\n\x04hint\x18\x05 \x01(\t\"\xf6\x03\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12)\n\x06tenant\x18\x02 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12&\n\x05layer\x18\x03 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12&\n\x06source\x18\x04 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x0b\n\x03key\x18\x06 \x01(\t\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\nconfidence\x18\t \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x12\n\nengagement\x18\n \x01(\x01\x12\x0c\n\x04tags\x18\x0b \x03(\t\x12\x14\n\x0c\x64\x65rived_from\x18\x0c \x03(\t\x12\x0f\n\x07step_id\x18\r \x01(\t\x12+\n\nattributes\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x06status\x18\x0f \x01(\x0e\x32\x18.mnemesh.v1.MemoryStatus\x12\x14\n\x0cmust_confirm\x18\x10 \x01(\x08\"\xb7\x02\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12-\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\routput_schema\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0e\n\x06scopes\x18\x06 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07retries\x18\x08 \x01(\x05\x12\x10\n\x08\x66\x61llback\x18\t \x03(\t\x12\x10\n\x08requires\x18\n \x03(\t\x12)\n\x08\x65xamples\x18\x0b \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x62\x61\x63kend\x18\x0c \x01(\t*\xcb\x01\n\x0bMemoryLayer\x12\x1c\n\x18MEMORY_LAYER_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMORY_LAYER_SESSION\x10\x01\x12\x15\n\x11MEMORY_LAYER_STEP\x10\x02\x12\x17\n\x13MEMORY_LAYER_ENTITY\x10\x03\x12\x1b\n\x17MEMORY_LAYER_SHORT_TERM\x10\x04\x12\x1a\n\x16MEMORY_LAYER_LONG_TERM\x10\x05\x12\x1b\n\x17MEMORY_LAYER_PROCEDURAL\x10\x06*t\n\nConfidence\x12\x1a\n\x16\x43ONFIDENCE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONFIDENCE_L1_STRONG\x10\x01\x12\x18\n\x14\x43ONFIDENCE_L2_MEDIUM\x10\x02\x12\x16\n\x12\x43ONFIDENCE_L3_WEAK\x10\x03*\xaa\x01\n\nSourceKind\x12\x1b\n\x17SOURCE_KIND_UNSPECIFIED\x10\x00\x12!\n\x1dSOURCE_KIND_AUTHORITATIVE_API\x10\x01\x12\x1e\n\x1aSOURCE_KIND_USER_STATEMENT\x10\x02\x12\x1f\n\x1bSOURCE_KIND_MODEL_INFERENCE\x10\x03\x12\x1b\n\x17SOURCE_KIND_THIRD_PARTY\x10\x04*\x83\x01\n\x0cMemoryStatus\x12\x1d\n\x19MEMORY_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMORY_STATUS_CURRENT\x10\x01\x12\x1b\n\x17MEMORY_STATUS_CANDIDATE\x10\x02\x12\x1c\n\x18MEMORY_STATUS_SUPERSEDED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/common.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n\rTenantContext\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"a\n\x0b\x45rrorDetail\x12\x12\n\nerror_type\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x12\x0c\n\x04hint\x18\x05 \x01(\t\"\xc0\x04\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12)\n\x06tenant\x18\x02 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12&\n\x05layer\x18\x03 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12&\n\x06source\x18\x04 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x0b\n\x03key\x18\x06 \x01(\t\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\nconfidence\x18\t \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x12\n\nengagement\x18\n \x01(\x01\x12\x0c\n\x04tags\x18\x0b \x03(\t\x12\x14\n\x0c\x64\x65rived_from\x18\x0c \x03(\t\x12\x0f\n\x07step_id\x18\r \x01(\t\x12+\n\nattributes\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x06status\x18\x0f \x01(\x0e\x32\x18.mnemesh.v1.MemoryStatus\x12\x14\n\x0cmust_confirm\x18\x10 \x01(\x08\x12\x16\n\x0esensitive_kind\x18\x11 \x01(\t\x12\x16\n\x0esealed_content\x18\x12 \x01(\x0c\x12\x18\n\x10sensitive_hashes\x18\x13 \x03(\t\"\xb7\x02\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12-\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\routput_schema\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0e\n\x06scopes\x18\x06 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07retries\x18\x08 \x01(\x05\x12\x10\n\x08\x66\x61llback\x18\t \x03(\t\x12\x10\n\x08requires\x18\n \x03(\t\x12)\n\x08\x65xamples\x18\x0b \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07\x62\x61\x63kend\x18\x0c \x01(\t*\xcb\x01\n\x0bMemoryLayer\x12\x1c\n\x18MEMORY_LAYER_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMORY_LAYER_SESSION\x10\x01\x12\x15\n\x11MEMORY_LAYER_STEP\x10\x02\x12\x17\n\x13MEMORY_LAYER_ENTITY\x10\x03\x12\x1b\n\x17MEMORY_LAYER_SHORT_TERM\x10\x04\x12\x1a\n\x16MEMORY_LAYER_LONG_TERM\x10\x05\x12\x1b\n\x17MEMORY_LAYER_PROCEDURAL\x10\x06*t\n\nConfidence\x12\x1a\n\x16\x43ONFIDENCE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONFIDENCE_L1_STRONG\x10\x01\x12\x18\n\x14\x43ONFIDENCE_L2_MEDIUM\x10\x02\x12\x16\n\x12\x43ONFIDENCE_L3_WEAK\x10\x03*\xaa\x01\n\nSourceKind\x12\x1b\n\x17SOURCE_KIND_UNSPECIFIED\x10\x00\x12!\n\x1dSOURCE_KIND_AUTHORITATIVE_API\x10\x01\x12\x1e\n\x1aSOURCE_KIND_USER_STATEMENT\x10\x02\x12\x1f\n\x1bSOURCE_KIND_MODEL_INFERENCE\x10\x03\x12\x1b\n\x17SOURCE_KIND_THIRD_PARTY\x10\x04*\x83\x01\n\x0cMemoryStatus\x12\x1d\n\x19MEMORY_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMORY_STATUS_CURRENT\x10\x01\x12\x1b\n\x17MEMORY_STATUS_CANDIDATE\x10\x02\x12\x1c\n\x18MEMORY_STATUS_SUPERSEDED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mnemesh.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMORYLAYER']._serialized_start=1094
-  _globals['_MEMORYLAYER']._serialized_end=1297
-  _globals['_CONFIDENCE']._serialized_start=1299
-  _globals['_CONFIDENCE']._serialized_end=1415
-  _globals['_SOURCEKIND']._serialized_start=1418
-  _globals['_SOURCEKIND']._serialized_end=1588
-  _globals['_MEMORYSTATUS']._serialized_start=1591
-  _globals['_MEMORYSTATUS']._serialized_end=1722
+  _globals['_MEMORYLAYER']._serialized_start=1168
+  _globals['_MEMORYLAYER']._serialized_end=1371
+  _globals['_CONFIDENCE']._serialized_start=1373
+  _globals['_CONFIDENCE']._serialized_end=1489
+  _globals['_SOURCEKIND']._serialized_start=1492
+  _globals['_SOURCEKIND']._serialized_end=1662
+  _globals['_MEMORYSTATUS']._serialized_start=1665
+  _globals['_MEMORYSTATUS']._serialized_end=1796
   _globals['_TENANTCONTEXT']._serialized_start=102
   _globals['_TENANTCONTEXT']._serialized_end=173
   _globals['_ERRORDETAIL']._serialized_start=175
   _globals['_ERRORDETAIL']._serialized_end=272
   _globals['_MEMORY']._serialized_start=275
-  _globals['_MEMORY']._serialized_end=777
-  _globals['_TOOLSPEC']._serialized_start=780
-  _globals['_TOOLSPEC']._serialized_end=1091
+  _globals['_MEMORY']._serialized_end=851
+  _globals['_TOOLSPEC']._serialized_start=854
+  _globals['_TOOLSPEC']._serialized_end=1165
 # @@protoc_insertion_point(module_scope)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -32,9 +33,7 @@ from libs.events import Envelope
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import channel
-from libs.runtime import run_service
 from mnemesh.infra import free_port
-from mnemesh.registry import load_bootstrap
 from mnemesh.supervisor import check_health
 from services.memory_writer.adapters.keys import KeyRing, KeyShredded
 from services.memory_writer.domain.entities import resident_id_check_digit
@@ -48,34 +47,29 @@ SECRETS = (PASSWORD, API_KEY, ID_NUMBER)
 
 
 @pytest.fixture
-def log_sink(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
-    """Everything the service logs (it binds sys.stderr when it configures logging at start)."""
-    sink = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", sink)
-    return sink
-
-
-@pytest.fixture
-async def writer(redis_url: str, database_url: str, tmp_path, log_sink) -> AsyncIterator[Settings]:
+async def writer(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[Settings]:
+    """The memory-writer in a process of its own, logging at debug level into a file (`<data_dir>/writer.log`)."""
     namespace = f"s{uuid.uuid4().hex[:8]}"
+    port = free_port()
     settings = load_settings(redis_url=redis_url, database_url=database_url, data_dir=tmp_path, namespace=namespace,
-                             metrics_enabled=False, outbox_poll_seconds=0.1, jwt_secret=SECRET, auth_enabled=True,
-                             memory_writer_grpc_port=free_port(), memory_batch_block_ms=50, log_level="debug",
-                             master_key="file:")
-    wiring = load_bootstrap("memory-writer")
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_service("memory-writer", settings, wiring.bootstrap,
-                                           migrations_package=wiring.migrations, stop=stop))
+                             jwt_secret=SECRET, memory_writer_grpc_port=port)
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "MNEMESH_NAMESPACE": namespace,
+           "MNEMESH_JWT_SECRET": SECRET, "MNEMESH_METRICS_ENABLED": "false", "MNEMESH_DATA_DIR": str(tmp_path),
+           "MNEMESH_MEMORY_WRITER_GRPC_PORT": str(port), "MNEMESH_OUTBOX_POLL_SECONDS": "0.1",
+           "MNEMESH_MEMORY_BATCH_BLOCK_MS": "50", "MNEMESH_LOG_LEVEL": "debug", "MNEMESH_MASTER_KEY": "file:"}
+    with open(tmp_path / "writer.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mnemesh", "serve", "memory-writer",
+                                                    env=env, stdout=log, stderr=log)
     try:
         with anyio.fail_after(60):
-            while not await check_health(f"127.0.0.1:{settings.grpc_port('memory-writer')}"):
-                if task.done():
-                    await task
+            while not await check_health(f"127.0.0.1:{port}"):
+                assert proc.returncode is None, (tmp_path / "writer.log").read_text()[-2000:]
                 await anyio.sleep(0.1)
         yield settings
     finally:
-        stop.set()
-        await task
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
         client = redis.asyncio.from_url(redis_url)
         keys = [k async for k in client.scan_iter(match=f"{namespace}.*")]
         if keys:
@@ -137,7 +131,7 @@ async def events_published(settings: Settings, count: int) -> list[dict]:
 
 
 async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintext_and_shredded_on_forget(
-    writer: Settings, log_sink: io.StringIO,
+    writer: Settings,
 ) -> None:
     async with stub(writer, ["*"]) as ch:
         api = memory_pb2_grpc.MemoryWriterStub(ch)
@@ -161,9 +155,9 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
     assert hidden.memory.sensitive_kind == "password" and not hidden.memory.sealed_content
     assert shown.memory.content == f"my bank password is {PASSWORD} 别忘了"
 
-    dump, streams, logs = pg_dump(writer), await redis_contents(writer), log_sink.getvalue()
+    dump, streams, logs = pg_dump(writer), await redis_contents(writer), (writer.data_dir / "writer.log").read_text(encoding="utf-8", errors="replace")
     assert "[sensitive:api_key]" in dump and "[sensitive:password]" in streams  # the redacted texts are there
-    assert "mnemesh.v1.MemoryWriter/Write" in logs  # the log output was captured (rpc lines at least)
+    assert "mnemesh.v1.MemoryWriter/Write" in logs  # the log was written (rpc lines at least)
     for secret in SECRETS:
         assert secret not in dump, "a secret is in the database dump"
         assert secret not in streams, "a secret is in a Redis stream"

@@ -93,6 +93,15 @@ class FakeUnitOfWork:
         self._rows[record.memory_id] = record
         return True
 
+    async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
+        return sum(1 for r in self._rows.values()
+                   if (r.tenant_id, r.user_id) == (tenant_id, user_id) and r.created_at >= since)
+
+    async def quarantined(self, tenant_id: str, user_id: str, limit: int) -> list[MemoryRecord]:
+        held = [r for r in self._rows.values() if r.tenant_id == tenant_id and r.status is Status.QUARANTINED
+                and (not user_id or r.user_id == user_id)]
+        return sorted(held, key=lambda r: r.created_at)[:limit]
+
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return f"hmac({tenant_id}:{value})"
 

@@ -140,13 +140,24 @@ async def test_an_l1_value_supersedes_the_previous_l1_value_and_the_chain_is_kep
     assert [(r.content, r.status) for r in chain] == [("Zhang", Status.SUPERSEDED), ("Li", Status.CURRENT)]
 
 
-async def test_a_model_inference_never_overwrites_a_user_stated_value_it_is_kept_as_a_candidate(db) -> None:
+async def test_a_weaker_value_never_overwrites_a_user_stated_value_it_is_kept_as_a_candidate(db) -> None:
+    stated = await write_memory(an_entity("user.city", "Hangzhou"), FakeUnitOfWork(db), now=NOW)
+    heard = await write_memory(an_entity("user.city", "Shanghai", source=Source.THIRD_PARTY),
+                               FakeUnitOfWork(db), now=NOW)
+    assert heard.status is WriteStatus.CANDIDATE
+    assert db.rows[stated.memory_id].status is Status.CURRENT
+    assert db.rows[heard.memory_id].status is Status.CANDIDATE
+
+
+async def test_a_model_inference_contradicting_an_l1_fact_is_quarantined_not_served(db) -> None:
     stated = await write_memory(an_entity("user.city", "Hangzhou"), FakeUnitOfWork(db), now=NOW)
     guessed = await write_memory(an_entity("user.city", "Shanghai", source=Source.MODEL_INFERENCE),
                                  FakeUnitOfWork(db), now=NOW)
-    assert guessed.status is WriteStatus.CANDIDATE and guessed.must_confirm
+    assert guessed.status is WriteStatus.QUARANTINED
+    assert guessed.quarantine_reasons == ("inference_contradicts_l1",)
     assert db.rows[stated.memory_id].status is Status.CURRENT
-    assert db.rows[guessed.memory_id].status is Status.CANDIDATE
+    assert not any(isinstance(e, MemoryWritten) and e.record.memory_id == guessed.memory_id
+                   for _, e in db.published)
 
 
 async def test_an_l1_value_overrides_an_l2_value_of_the_same_key(db) -> None:
@@ -166,7 +177,7 @@ async def test_the_same_value_again_is_a_duplicate_whatever_its_width_case_or_pu
 
 async def test_confirming_a_candidate_makes_it_l1_and_current_superseding_the_old_value(db) -> None:
     stated = await write_memory(an_entity("user.city", "Hangzhou"), FakeUnitOfWork(db), now=NOW)
-    guessed = await write_memory(an_entity("user.city", "Shanghai", source=Source.MODEL_INFERENCE),
+    guessed = await write_memory(an_entity("user.city", "Shanghai", source=Source.THIRD_PARTY),
                                  FakeUnitOfWork(db), now=NOW)
     record, supersedes = await confirm(ConfirmMemory("acme", guessed.memory_id, "user moved", "u1"),
                                        FakeUnitOfWork(db), now=NOW)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from contextlib import aclosing
 from dataclasses import replace
 

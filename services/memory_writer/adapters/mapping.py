@@ -11,7 +11,9 @@ from services.memory_writer.domain import (
     DomainEvent,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryQuarantined,
     MemoryRecord,
+    MemoryReleased,
     MemoryWritten,
     WriteMemory,
     WriteResult,
@@ -52,7 +54,8 @@ def memory_to_proto(r: MemoryRecord, *, revealed: bool = False, sealed: bool = F
 def result_to_proto(result: WriteResult) -> memory_pb2.WriteMemoryResponse:
     return memory_pb2.WriteMemoryResponse(memory_id=result.memory_id, duplicate=result.duplicate,
                                           version=result.version, status=int(result.status),
-                                          supersedes=result.supersedes, must_confirm=result.must_confirm)
+                                          supersedes=result.supersedes, must_confirm=result.must_confirm,
+                                          quarantine_reasons=list(result.quarantine_reasons))
 
 
 def command_from_proto(msg: memory_pb2.WriteMemoryRequest, written_by: str = "") -> WriteMemory:
@@ -86,6 +89,15 @@ def event_to_proto(event: DomainEvent) -> tuple[str, object]:
         return "memory.confirmed", events_pb2.MemoryConfirmed(
             tenant=_tenant(r), memory_id=r.memory_id, key=r.key, confidence=int(r.confidence),
             supersedes=event.supersedes, changed_by=event.confirmed_by, reason=r.reason, expires_at=_ts(r.expires_at))
+    if isinstance(event, MemoryQuarantined):
+        r = event.record
+        return "memory.quarantined", events_pb2.MemoryQuarantined(
+            tenant=_tenant(r), memory_id=r.memory_id, key=r.key, layer=int(r.layer),
+            reasons=list(r.quarantine_reasons), quarantined_at=_ts(r.created_at))
+    if isinstance(event, MemoryReleased):
+        return "memory.released", events_pb2.MemoryReleased(
+            tenant=_tenant(event.record), memory_id=event.record.memory_id, released_by=event.released_by,
+            reason=event.reason)
     payload = events_pb2.MemoryForgotten(memory_ids=list(event.memory_ids), reason=event.reason)
     payload.tenant.tenant_id, payload.tenant.user_id = event.tenant_id, event.user_id
     return "memory.forgotten", payload

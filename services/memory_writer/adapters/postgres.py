@@ -35,9 +35,9 @@ __all__ = ["PostgresUnitOfWork"]
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
     " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash,"
-    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes)"
+    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes, quarantine_reasons)"
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,"
-    " $22, $23, $24, $25)"
+    " $22, $23, $24, $25, $26)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
@@ -54,6 +54,7 @@ def _record(row: asyncpg.Record) -> MemoryRecord:
         reason=row["reason"], sensitive_kind=row["sensitive_kind"],
         redacted=row["content"] if row["sensitive_kind"] else "", sealed=row["sealed"] or b"",
         content_hmac=row["content_hmac"], sensitive_hashes=tuple(row["sensitive_hashes"]),
+        quarantine_reasons=tuple(row["quarantine_reasons"]),
     )
 
 
@@ -136,8 +137,19 @@ class PostgresUnitOfWork:
             list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
             record.expires_at, record.idempotency_key or None, record.request_hash or None, int(record.status),
             record.written_by, record.reason, record.sensitive_kind, sealed, record.content_hmac,
-            list(record.sensitive_hashes))
+            list(record.sensitive_hashes), list(record.quarantine_reasons))
         return rowcount(status) == 1
+
+    async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
+        return await (await self._as(tenant_id)).fetchval(
+            "SELECT count(*) FROM memories WHERE tenant_id = $1 AND user_id = $2 AND created_at >= $3",
+            tenant_id, user_id, since)
+
+    async def quarantined(self, tenant_id: str, user_id: str, limit: int) -> list[MemoryRecord]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "SELECT * FROM memories WHERE tenant_id = $1 AND status = 4 AND ($2 = '' OR user_id = $2)"
+            " ORDER BY created_at, memory_id LIMIT $3", tenant_id, user_id, limit)
+        return [_record(row) for row in rows]
 
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return await self.keys.keyed_hash(await self._as(tenant_id), tenant_id, value)
@@ -185,9 +197,10 @@ class PostgresUnitOfWork:
 
     async def update(self, record: MemoryRecord) -> None:
         await (await self._as(record.tenant_id)).execute(
-            "UPDATE memories SET confidence = $3, status = $4, expires_at = $5, changed_at = $6, reason = $7"
-            " WHERE tenant_id = $1 AND memory_id = $2::uuid", record.tenant_id, record.memory_id,
-            int(record.confidence), int(record.status), record.expires_at, record.changed_at, record.reason)
+            "UPDATE memories SET confidence = $3, status = $4, expires_at = $5, changed_at = $6, reason = $7,"
+            " quarantine_reasons = $8 WHERE tenant_id = $1 AND memory_id = $2::uuid", record.tenant_id,
+            record.memory_id, int(record.confidence), int(record.status), record.expires_at, record.changed_at,
+            record.reason, list(record.quarantine_reasons))
 
     async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
         rows = await (await self._as(tenant_id)).fetch(
@@ -208,7 +221,8 @@ class PostgresUnitOfWork:
 
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         if isinstance(event, MemoryWritten) and event.record.sensitive_kind:  # announced sealed, never in clear
-            event = MemoryWritten(replace(event.record, sealed=self._sealed[event.record.memory_id]))
+            event = MemoryWritten(replace(event.record, sealed=self._sealed.get(event.record.memory_id,
+                                                                                 event.record.sealed)))
         event_type, payload = event_to_proto(event)
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)

@@ -4,6 +4,8 @@ from services.memory_writer.domain.events import (
     MemoryConfirmed,
     MemoryCorrected,
     MemoryForgotten,
+    MemoryQuarantined,
+    MemoryReleased,
     MemoryWritten,
 )
 from services.memory_writer.domain.model import (
@@ -21,5 +23,5 @@ from services.memory_writer.domain.model import (
 from services.memory_writer.domain.normalize import normalized
 
 __all__ = ["Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
-           "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
+           "MemoryQuarantined", "MemoryReleased", "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "confirmed", "decide", "new_memory", "normalized", "request_fingerprint"]

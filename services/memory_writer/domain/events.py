@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from services.memory_writer.domain.model import MemoryRecord
 
-__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryWritten"]
+__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryQuarantined",
+           "MemoryReleased", "MemoryWritten"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,18 @@ class MemoryConfirmed:
 
 
 @dataclass(frozen=True)
+class MemoryQuarantined:
+    record: MemoryRecord  # its reasons in quarantine_reasons; the event carries no content
+
+
+@dataclass(frozen=True)
+class MemoryReleased:
+    record: MemoryRecord
+    released_by: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class MemoryForgotten:
     tenant_id: str
     user_id: str
@@ -37,4 +50,5 @@ class MemoryForgotten:
     reason: str
 
 
-DomainEvent = MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryForgotten
+DomainEvent = (MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryQuarantined | MemoryReleased
+               | MemoryForgotten)

@@ -48,12 +48,14 @@ class Status(IntEnum):  # values mirror mnemesh.v1.MemoryStatus
     CURRENT = 1
     CANDIDATE = 2  # a higher confidence level holds its key: kept, reported, never served
     SUPERSEDED = 3  # a later value of its key replaced it: kept for History
+    QUARANTINED = 4  # held by the poisoning guard for review: never served
 
 
 class WriteStatus(IntEnum):  # values mirror mnemesh.v1.WriteStatus
     STORED = 1
     DUPLICATE = 2
     CANDIDATE = 3
+    QUARANTINED = 5
 
 
 # Source trust (authoritative API > user statement > model inference > third party) bounds the level a
@@ -127,6 +129,7 @@ class MemoryRecord:
     sensitive_hashes: tuple[str, ...] = ()
     content_hmac: str = ""  # keyed hash of the normalised content (sensitive memories)
     sealed: bytes = b""  # the content under the user's data key, as stored and announced
+    quarantine_reasons: tuple[str, ...] = ()
 
     @property
     def must_confirm(self) -> bool:
@@ -142,6 +145,7 @@ class WriteResult:
     status: WriteStatus = WriteStatus.STORED
     supersedes: str = ""
     must_confirm: bool = False
+    quarantine_reasons: tuple[str, ...] = ()
 
 
 def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:

@@ -26,7 +26,8 @@ log = get_logger(__name__)
 
 SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
           "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
-          "RegisterEntitySchema": "memory:admin"}
+          "RegisterEntitySchema": "memory:admin", "ListQuarantine": "memory:admin", "Release": "memory:admin",
+          "Drop": "memory:admin"}
 
 
 def _caller() -> str:
@@ -131,6 +132,26 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                             json_format.MessageToDict(request.schema))
         await handlers.register_entity_schema(cmd, self.uow())
         return memory_pb2.RegisterEntitySchemaResponse()
+
+    async def ListQuarantine(self, request, context):
+        cmd = handlers.ListQuarantine(request.tenant.tenant_id, request.tenant.user_id, request.limit)
+        records = await handlers.list_quarantine(cmd, self.uow())
+        if _may_see_sensitive():
+            async with self.uow() as reader:
+                shown = await handlers.revealed(records, reader)
+        else:
+            shown = [(r, False) for r in records]
+        return memory_pb2.ListQuarantineResponse(memories=[
+            memory_pb2.QuarantinedMemory(memory=memory_to_proto(r, revealed=rev), reasons=list(r.quarantine_reasons))
+            for r, rev in shown])
+
+    async def Release(self, request, context):
+        cmd = handlers.ReleaseQuarantined(request.tenant.tenant_id, request.memory_id, request.reason, _caller())
+        return memory_pb2.ReleaseResponse(result=result_to_proto(await handlers.release(cmd, self.uow())))
+
+    async def Drop(self, request, context):
+        cmd = handlers.DropQuarantined(request.tenant.tenant_id, request.memory_id, request.reason)
+        return memory_pb2.DropResponse(dropped=await handlers.drop(cmd, self.uow()))
 
 
 def registration(uow: UnitOfWorkFactory) -> Registration:

@@ -8,6 +8,14 @@ from libs.crypto import CryptoError
 from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
 from services.memory_writer.domain import MemoryForgotten, MemoryRecord
+from services.memory_writer.service_layer.quarantine import (
+    DropQuarantined,
+    ListQuarantine,
+    ReleaseQuarantined,
+    drop,
+    list_quarantine,
+    release,
+)
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 from services.memory_writer.service_layer.writes import (
     ConfirmMemory,
@@ -22,7 +30,8 @@ from services.memory_writer.service_layer.writes import (
     write_memory,
 )
 
-__all__ = ["ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
+__all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
+           "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
            "RegisterEntitySchema", "confirm", "correct", "forget", "get_memory", "history", "register_entity_schema",
            "write_batch", "write_memory"]
 

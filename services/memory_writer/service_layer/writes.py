@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from libs.errors import Conflict, DomainError, IdempotencyKeyReused, NotFound, ValidationFailed
 from libs.eventstore import ANY_VERSION
@@ -23,6 +23,7 @@ from services.memory_writer.domain import (
     Layer,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryQuarantined,
     MemoryRecord,
     MemoryWritten,
     Source,
@@ -36,6 +37,7 @@ from services.memory_writer.domain import (
     normalized,
 )
 from services.memory_writer.domain.entities import check_schema
+from services.memory_writer.domain.guard import Signals, assess
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
 __all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
@@ -73,7 +75,25 @@ def _retried(existing: MemoryRecord, record: MemoryRecord) -> WriteResult:
                        must_confirm=existing.must_confirm)
 
 
-async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None) -> WriteResult:
+BURST_WINDOW = timedelta(minutes=1)
+
+
+class _Recent:
+    """Writes per user in the last minute, measured once per unit and counted on as it writes."""
+
+    def __init__(self, uow: UnitOfWork, now: datetime) -> None:
+        self.uow, self.now, self.counts = uow, now, {}
+
+    async def take(self, tenant_id: str, user_id: str) -> int:
+        if user_id not in self.counts:
+            self.counts[user_id] = await self.uow.recent_writes(tenant_id, user_id, self.now - BURST_WINDOW)
+        before = self.counts[user_id]
+        self.counts[user_id] += 1
+        return before
+
+
+async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    recent: _Recent) -> WriteResult:
     """One write inside `uow`. DomainErrors raised before anything is written are the write's own;
     anything raised after is wrapped in _AfterWrite."""
     record = new_memory(cmd, now, schema)
@@ -95,6 +115,13 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
             return WriteResult(current.memory_id, duplicate=True, version=1, status=WriteStatus.DUPLICATE,
                                must_confirm=current.must_confirm)
         record = decision.record
+    contradicts = (decision is not None and decision.outcome is WriteStatus.CANDIDATE
+                   and record.source is Source.MODEL_INFERENCE and current.confidence is Confidence.L1_STRONG)
+    verdict = assess(record.content, Signals(source=int(record.source), contradicts_l1=contradicts,
+                                             recent_writes=await recent.take(record.tenant_id, record.user_id)))
+    if verdict.quarantine:  # stored apart, announced without content, never served
+        record = replace(record, status=Status.QUARANTINED, quarantine_reasons=verdict.reasons)
+        decision = None
     old = decision.supersedes if decision else None
     if old is None and not await uow.add(record):
         # A concurrent write with the same idempotency key got there first (nothing was written here).
@@ -105,6 +132,10 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
             if not await uow.add(record):  # the key lock makes this all but impossible; undo the supersede
                 raise Conflict("a concurrent write used the same idempotency key", field="idempotency_key",
                                hint="retry: the other write's result will be returned")
+        if record.status is Status.QUARANTINED:
+            version = await uow.record(f"memory-{record.memory_id}", 0, MemoryQuarantined(record))
+            return WriteResult(record.memory_id, duplicate=False, version=version, status=WriteStatus.QUARANTINED,
+                               quarantine_reasons=record.quarantine_reasons)
         version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
         if old is not None:
             version = await uow.record(f"memory-{record.memory_id}", version, MemoryCorrected(old, record))
@@ -122,7 +153,8 @@ async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str =
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
         try:
-            return await _write_in(uow, cmd, now or datetime.now(UTC), schemas.get(cmd.key))
+            now = now or datetime.now(UTC)
+            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now))
         except _AfterWrite as exc:
             raise exc.cause from None
 
@@ -160,13 +192,14 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
+        recent = _Recent(uow, now)
         for i, cmd in owned.items():
             if before_each is not None:
                 before_each(i)
             scope = uow.savepoint() if isolate else contextlib.nullcontext()
             try:
                 async with scope:
-                    outcomes[i] = await _write_in(uow, cmd, now, schemas.get(cmd.key))
+                    outcomes[i] = await _write_in(uow, cmd, now, schemas.get(cmd.key), recent)
             except DomainError as exc:  # refused before anything of it was written
                 outcomes[i] = exc
             except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error

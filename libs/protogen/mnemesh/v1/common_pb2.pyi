@@ -43,6 +43,7 @@ class MemoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMORY_STATUS_CURRENT: _ClassVar[MemoryStatus]
     MEMORY_STATUS_CANDIDATE: _ClassVar[MemoryStatus]
     MEMORY_STATUS_SUPERSEDED: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_QUARANTINED: _ClassVar[MemoryStatus]
 MEMORY_LAYER_UNSPECIFIED: MemoryLayer
 MEMORY_LAYER_SESSION: MemoryLayer
 MEMORY_LAYER_STEP: MemoryLayer
@@ -63,6 +64,7 @@ MEMORY_STATUS_UNSPECIFIED: MemoryStatus
 MEMORY_STATUS_CURRENT: MemoryStatus
 MEMORY_STATUS_CANDIDATE: MemoryStatus
 MEMORY_STATUS_SUPERSEDED: MemoryStatus
+MEMORY_STATUS_QUARANTINED: MemoryStatus
 
 class TenantContext(_message.Message):
     __slots__ = ("tenant_id", "user_id", "session_id")

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xcd\x01\n\x0fMemoryCorrected\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x15\n\rold_memory_id\x18\x03 \x01(\t\x12\x15\n\rnew_memory_id\x18\x04 \x01(\t\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x30\n\x0c\x63orrected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\x0fMemoryConfirmed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12*\n\nconfidence\x18\x04 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x12\n\nsupersedes\x18\x05 \x01(\t\x12\x12\n\nchanged_by\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xd9\x01\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\"r\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\"v\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xcd\x01\n\x0fMemoryCorrected\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x15\n\rold_memory_id\x18\x03 \x01(\t\x12\x15\n\rnew_memory_id\x18\x04 \x01(\t\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x30\n\x0c\x63orrected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\x0fMemoryConfirmed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12*\n\nconfidence\x18\x04 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x12\n\nsupersedes\x18\x05 \x01(\t\x12\x12\n\nchanged_by\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcb\x01\n\x11MemoryQuarantined\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12&\n\x05layer\x18\x04 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\x32\n\x0equarantined_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\x0eMemoryReleased\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x13\n\x0breleased_by\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xd9\x01\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\"r\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\"v\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,16 +42,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMORYCORRECTED']._serialized_end=605
   _globals['_MEMORYCONFIRMED']._serialized_start=608
   _globals['_MEMORYCONFIRMED']._serialized_end=848
-  _globals['_MEMORYFORGOTTEN']._serialized_start=850
-  _globals['_MEMORYFORGOTTEN']._serialized_end=946
-  _globals['_MEMORYACCESSED']._serialized_start=949
-  _globals['_MEMORYACCESSED']._serialized_end=1077
-  _globals['_TOOLREGISTERED']._serialized_start=1079
-  _globals['_TOOLREGISTERED']._serialized_end=1131
-  _globals['_TOOLCALLED']._serialized_start=1134
-  _globals['_TOOLCALLED']._serialized_end=1351
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=1353
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=1467
-  _globals['_SESSIONSTATECHANGED']._serialized_start=1469
-  _globals['_SESSIONSTATECHANGED']._serialized_end=1587
+  _globals['_MEMORYQUARANTINED']._serialized_start=851
+  _globals['_MEMORYQUARANTINED']._serialized_end=1054
+  _globals['_MEMORYRELEASED']._serialized_start=1056
+  _globals['_MEMORYRELEASED']._serialized_end=1171
+  _globals['_MEMORYFORGOTTEN']._serialized_start=1173
+  _globals['_MEMORYFORGOTTEN']._serialized_end=1269
+  _globals['_MEMORYACCESSED']._serialized_start=1272
+  _globals['_MEMORYACCESSED']._serialized_end=1400
+  _globals['_TOOLREGISTERED']._serialized_start=1402
+  _globals['_TOOLREGISTERED']._serialized_end=1454
+  _globals['_TOOLCALLED']._serialized_start=1457
+  _globals['_TOOLCALLED']._serialized_end=1674
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=1676
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=1790
+  _globals['_SESSIONSTATECHANGED']._serialized_start=1792
+  _globals['_SESSIONSTATECHANGED']._serialized_end=1910
 # @@protoc_insertion_point(module_scope)

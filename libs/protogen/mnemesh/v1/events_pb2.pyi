@@ -79,6 +79,34 @@ class MemoryConfirmed(_message.Message):
     expires_at: _timestamp_pb2.Timestamp
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., supersedes: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class MemoryQuarantined(_message.Message):
+    __slots__ = ("tenant", "memory_id", "key", "layer", "reasons", "quarantined_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    key: str
+    layer: _common_pb2.MemoryLayer
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    quarantined_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryReleased(_message.Message):
+    __slots__ = ("tenant", "memory_id", "released_by", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    released_by: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., released_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

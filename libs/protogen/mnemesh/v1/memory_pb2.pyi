@@ -20,11 +20,13 @@ class WriteStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRITE_STATUS_DUPLICATE: _ClassVar[WriteStatus]
     WRITE_STATUS_CANDIDATE: _ClassVar[WriteStatus]
     WRITE_STATUS_FAILED: _ClassVar[WriteStatus]
+    WRITE_STATUS_QUARANTINED: _ClassVar[WriteStatus]
 WRITE_STATUS_UNSPECIFIED: WriteStatus
 WRITE_STATUS_STORED: WriteStatus
 WRITE_STATUS_DUPLICATE: WriteStatus
 WRITE_STATUS_CANDIDATE: WriteStatus
 WRITE_STATUS_FAILED: WriteStatus
+WRITE_STATUS_QUARANTINED: WriteStatus
 
 class WriteMemoryRequest(_message.Message):
     __slots__ = ("tenant", "layer", "source", "content", "key", "confidence", "tags", "derived_from", "step_id", "expires_at", "idempotency_key", "attributes")
@@ -55,20 +57,22 @@ class WriteMemoryRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WriteMemoryResponse(_message.Message):
-    __slots__ = ("memory_id", "duplicate", "version", "status", "supersedes", "must_confirm")
+    __slots__ = ("memory_id", "duplicate", "version", "status", "supersedes", "must_confirm", "quarantine_reasons")
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
     MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_REASONS_FIELD_NUMBER: _ClassVar[int]
     memory_id: str
     duplicate: bool
     version: int
     status: WriteStatus
     supersedes: str
     must_confirm: bool
-    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ..., status: _Optional[_Union[WriteStatus, str]] = ..., supersedes: _Optional[str] = ..., must_confirm: _Optional[bool] = ...) -> None: ...
+    quarantine_reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ..., status: _Optional[_Union[WriteStatus, str]] = ..., supersedes: _Optional[str] = ..., must_confirm: _Optional[bool] = ..., quarantine_reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WriteBatchRequest(_message.Message):
     __slots__ = ("writes", "tenant")
@@ -179,6 +183,60 @@ class RegisterEntitySchemaRequest(_message.Message):
 class RegisterEntitySchemaResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListQuarantineRequest(_message.Message):
+    __slots__ = ("tenant", "limit")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    limit: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class QuarantinedMemory(_message.Message):
+    __slots__ = ("memory", "reasons")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    memory: _common_pb2.Memory
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListQuarantineResponse(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[QuarantinedMemory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[QuarantinedMemory, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("tenant", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: WriteMemoryResponse
+    def __init__(self, result: _Optional[_Union[WriteMemoryResponse, _Mapping]] = ...) -> None: ...
+
+class DropRequest(_message.Message):
+    __slots__ = ("tenant", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DropResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
 
 class GetMemoryRequest(_message.Message):
     __slots__ = ("tenant", "memory_id")

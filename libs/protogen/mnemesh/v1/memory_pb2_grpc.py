@@ -77,6 +77,21 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
                 _registered_method=True)
+        self.ListQuarantine = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/ListQuarantine',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Release',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.Drop = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Drop',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.DropRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryWriterServicer:
@@ -137,6 +152,25 @@ class MemoryWriterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQuarantine(self, request, context):
+        """The poisoning guard's quarantine (scope memory:admin): list, release to normal service, or drop.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryWriterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +213,21 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.RegisterEntitySchema,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.SerializeToString,
+            ),
+            'ListQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuarantine,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Drop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drop,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.DropResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +448,87 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
             mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/ListQuarantine',
+            mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Release',
+            mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Drop',
+            mnemesh_dot_v1_dot_memory__pb2.DropRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.DropResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -102,8 +102,10 @@ class BatchConsumer:
         while True:
             if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
                 next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
-                _, claimed, deleted = await redis.xautoclaim(self.key, self.group, self.consumer,
-                                                             self.bus.min_idle_ms, "0-0", count=self.batch_size)
+                result = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
+                                                count=self.batch_size)
+                # Redis 7 adds the ids of entries deleted while pending; Redis 6.2 (embedded) answers two items.
+                claimed, deleted = result[1], (result[2] if len(result) > 2 else [])
                 if deleted:
                     await redis.xack(self.key, self.group, *deleted)
                 if claimed:

@@ -85,6 +85,24 @@ class BatchConsumer:
         self._batch_size = meter.create_histogram("stream_batch_size", description="entries per batch read")
 
     async def run(self) -> None:
+        """Consume until cancelled. Redis going away is waited out (with a capped backoff), never fatal:
+        nothing is acknowledged that was not committed, so whatever was in flight comes back."""
+        delay = 0.1
+        while True:
+            try:
+                await self._consume()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - transient: wait and resume; anything else ends the task
+                if not is_transient(exc):
+                    raise
+                log.warning("batch consumer waits for Redis", stream=self.key, error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                delay = 0.1
+
+    async def _consume(self) -> None:
         redis = await self.bus.redis()
         try:
             await redis.xgroup_create(self.key, self.group, id="0", mkstream=True)

@@ -68,6 +68,8 @@ EVENT_TYPES: dict[str, EventType] = {
                   "The poisoning guard held a write for review (no content)."),
         EventType("memory.released", 1, MEMORY_EVENTS, events_pb2.MemoryReleased,
                   "A quarantined memory was released; its memory.written follows."),
+        EventType("memory.merged", 1, MEMORY_EVENTS, events_pb2.MemoryMerged,
+                  "An identical write was merged into an existing memory (provenance, engagement)."),
         EventType("memory.forgotten", 1, MEMORY_EVENTS, events_pb2.MemoryForgotten,
                   "Memories were removed (forget, expiry or crypto-shredding)."),
         EventType("memory.accessed", 1, MEMORY_ACCESS, events_pb2.MemoryAccessed,

@@ -102,6 +102,23 @@ class FakeUnitOfWork:
                 and (not user_id or r.user_id == user_id)]
         return sorted(held, key=lambda r: r.created_at)[:limit]
 
+    async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        return next((r for r in sorted(self._rows.values(), key=lambda r: r.created_at)
+                     if (r.tenant_id, r.user_id, int(r.layer), r.content_digest) == (tenant_id, user_id, layer, digest)
+                     and r.status is Status.CURRENT), None)
+
+    async def merge_into(self, kept: MemoryRecord) -> None:
+        self._rows[kept.memory_id] = kept
+
+    async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
+                              buckets: list[str]) -> list[tuple[str, list[int]]]:
+        from services.memory_writer.domain.similarity import bands
+
+        wanted = set(buckets)
+        return [(r.memory_id, list(r.minhash)) for r in self._rows.values()
+                if (r.tenant_id, r.user_id, int(r.layer)) == (tenant_id, user_id, layer) and r.minhash
+                and r.status is Status.CURRENT and wanted & set(bands(list(r.minhash)))]
+
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return f"hmac({tenant_id}:{value})"
 

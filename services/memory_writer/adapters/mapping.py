@@ -11,6 +11,7 @@ from services.memory_writer.domain import (
     DomainEvent,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryMerged,
     MemoryQuarantined,
     MemoryRecord,
     MemoryReleased,
@@ -47,7 +48,7 @@ def memory_to_proto(r: MemoryRecord, *, revealed: bool = False, sealed: bool = F
         layer=int(r.layer), source=int(r.source), content=content, key=r.key, created_at=_ts(r.created_at),
         expires_at=_ts(r.expires_at), confidence=int(r.confidence), engagement=r.engagement, tags=list(r.tags),
         derived_from=list(r.derived_from), step_id=r.step_id, attributes=attributes, status=int(r.status),
-        must_confirm=r.must_confirm,
+        must_confirm=r.must_confirm, near_duplicate_of=r.near_duplicate_of, merged_count=r.merged_count,
     )
 
 
@@ -55,7 +56,8 @@ def result_to_proto(result: WriteResult) -> memory_pb2.WriteMemoryResponse:
     return memory_pb2.WriteMemoryResponse(memory_id=result.memory_id, duplicate=result.duplicate,
                                           version=result.version, status=int(result.status),
                                           supersedes=result.supersedes, must_confirm=result.must_confirm,
-                                          quarantine_reasons=list(result.quarantine_reasons))
+                                          quarantine_reasons=list(result.quarantine_reasons),
+                                          near_duplicate_of=result.near_duplicate_of)
 
 
 def command_from_proto(msg: memory_pb2.WriteMemoryRequest, written_by: str = "") -> WriteMemory:
@@ -89,6 +91,11 @@ def event_to_proto(event: DomainEvent) -> tuple[str, object]:
         return "memory.confirmed", events_pb2.MemoryConfirmed(
             tenant=_tenant(r), memory_id=r.memory_id, key=r.key, confidence=int(r.confidence),
             supersedes=event.supersedes, changed_by=event.confirmed_by, reason=r.reason, expires_at=_ts(r.expires_at))
+    if isinstance(event, MemoryMerged):
+        k, w = event.kept, event.write
+        return "memory.merged", events_pb2.MemoryMerged(
+            tenant=_tenant(w), memory_id=k.memory_id, source=int(w.source), derived_from=list(w.derived_from),
+            tags=list(w.tags), merged_count=k.merged_count, engagement=k.engagement)
     if isinstance(event, MemoryQuarantined):
         r = event.record
         return "memory.quarantined", events_pb2.MemoryQuarantined(

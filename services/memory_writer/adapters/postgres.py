@@ -29,15 +29,17 @@ from services.memory_writer.domain import (
     Source,
     Status,
 )
+from services.memory_writer.domain.similarity import bands
 
 __all__ = ["PostgresUnitOfWork"]
 
 _INSERT = (
     "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
     " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash,"
-    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes, quarantine_reasons)"
+    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes, quarantine_reasons,"
+    " content_digest, minhash, near_duplicate_of)"
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,"
-    " $22, $23, $24, $25, $26)"
+    " $22, $23, $24, $25, $26, $27, $28, $29::uuid)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 
@@ -54,7 +56,9 @@ def _record(row: asyncpg.Record) -> MemoryRecord:
         reason=row["reason"], sensitive_kind=row["sensitive_kind"],
         redacted=row["content"] if row["sensitive_kind"] else "", sealed=row["sealed"] or b"",
         content_hmac=row["content_hmac"], sensitive_hashes=tuple(row["sensitive_hashes"]),
-        quarantine_reasons=tuple(row["quarantine_reasons"]),
+        quarantine_reasons=tuple(row["quarantine_reasons"]), content_digest=row["content_digest"],
+        minhash=tuple(row["minhash"] or ()), near_duplicate_of=str(row["near_duplicate_of"] or ""),
+        merged_count=row["merged_count"],
     )
 
 
@@ -137,8 +141,35 @@ class PostgresUnitOfWork:
             list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
             record.expires_at, record.idempotency_key or None, record.request_hash or None, int(record.status),
             record.written_by, record.reason, record.sensitive_kind, sealed, record.content_hmac,
-            list(record.sensitive_hashes), list(record.quarantine_reasons))
-        return rowcount(status) == 1
+            list(record.sensitive_hashes), list(record.quarantine_reasons), record.content_digest,
+            list(record.minhash) or None, record.near_duplicate_of or None)
+        if rowcount(status) != 1:
+            return False
+        if record.minhash and record.status is not Status.QUARANTINED:
+            await conn.execute(
+                "INSERT INTO memory_buckets (tenant_id, user_id, layer, bucket, memory_id)"
+                " SELECT $1, $2, $3, b, $4::uuid FROM unnest($5::text[]) AS b ON CONFLICT DO NOTHING",
+                record.tenant_id, record.user_id, int(record.layer), record.memory_id, bands(list(record.minhash)))
+        return True
+
+    async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND layer = $3"
+                               " AND content_digest = $4 AND status = 1 ORDER BY created_at LIMIT 1 FOR UPDATE",
+                               tenant_id, user_id, layer, digest)
+
+    async def merge_into(self, kept: MemoryRecord) -> None:
+        await (await self._as(kept.tenant_id)).execute(
+            "UPDATE memories SET engagement = $3, merged_count = $4, tags = $5, derived_from = $6"
+            " WHERE tenant_id = $1 AND memory_id = $2::uuid", kept.tenant_id, kept.memory_id, kept.engagement,
+            kept.merged_count, list(kept.tags), list(kept.derived_from))
+
+    async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
+                              buckets: list[str]) -> list[tuple[str, list[int]]]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "SELECT DISTINCT m.memory_id::text AS id, m.minhash FROM memory_buckets b JOIN memories m USING (memory_id)"
+            " WHERE b.tenant_id = $1 AND b.user_id = $2 AND b.layer = $3 AND b.bucket = ANY($4::text[])"
+            " AND m.status = 1 LIMIT 50", tenant_id, user_id, layer, buckets)
+        return [(row["id"], list(row["minhash"])) for row in rows]
 
     async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
         return await (await self._as(tenant_id)).fetchval(

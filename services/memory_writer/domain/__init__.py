@@ -4,6 +4,7 @@ from services.memory_writer.domain.events import (
     MemoryConfirmed,
     MemoryCorrected,
     MemoryForgotten,
+    MemoryMerged,
     MemoryQuarantined,
     MemoryReleased,
     MemoryWritten,
@@ -23,5 +24,5 @@ from services.memory_writer.domain.model import (
 from services.memory_writer.domain.normalize import normalized
 
 __all__ = ["Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
-           "MemoryQuarantined", "MemoryReleased", "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
+           "MemoryMerged", "MemoryQuarantined", "MemoryReleased", "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "confirmed", "decide", "new_memory", "normalized", "request_fingerprint"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from services.memory_writer.domain.model import MemoryRecord
 
-__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryQuarantined",
+__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryMerged", "MemoryQuarantined",
            "MemoryReleased", "MemoryWritten"]
 
 
@@ -43,6 +43,12 @@ class MemoryReleased:
 
 
 @dataclass(frozen=True)
+class MemoryMerged:
+    kept: MemoryRecord  # after the merge (engagement, tags, provenance updated)
+    write: MemoryRecord  # the write merged into it (never stored)
+
+
+@dataclass(frozen=True)
 class MemoryForgotten:
     tenant_id: str
     user_id: str
@@ -51,4 +57,4 @@ class MemoryForgotten:
 
 
 DomainEvent = (MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryQuarantined | MemoryReleased
-               | MemoryForgotten)
+               | MemoryMerged | MemoryForgotten)

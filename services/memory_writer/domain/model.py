@@ -56,6 +56,7 @@ class WriteStatus(IntEnum):  # values mirror mnemesh.v1.WriteStatus
     DUPLICATE = 2
     CANDIDATE = 3
     QUARANTINED = 5
+    MERGED = 6
 
 
 # Source trust (authoritative API > user statement > model inference > third party) bounds the level a
@@ -130,6 +131,10 @@ class MemoryRecord:
     content_hmac: str = ""  # keyed hash of the normalised content (sensitive memories)
     sealed: bytes = b""  # the content under the user's data key, as stored and announced
     quarantine_reasons: tuple[str, ...] = ()
+    content_digest: str = ""  # identical memories (normalised) share it; sensitive ones: their keyed hash
+    minhash: tuple[int, ...] = ()  # near duplicates: MinHash of the (redacted) content's shingles
+    near_duplicate_of: str = ""
+    merged_count: int = 0  # identical writes merged into this memory
 
     @property
     def must_confirm(self) -> bool:
@@ -146,6 +151,7 @@ class WriteResult:
     supersedes: str = ""
     must_confirm: bool = False
     quarantine_reasons: tuple[str, ...] = ()
+    near_duplicate_of: str = ""
 
 
 def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:

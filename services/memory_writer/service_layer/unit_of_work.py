@@ -54,6 +54,16 @@ class UnitOfWork(Protocol):
     async def quarantined(self, tenant_id: str, user_id: str, limit: int) -> list[MemoryRecord]:
         """Quarantined memories, oldest first (of one user when `user_id`)."""
         ...
+    async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        """A current memory of the user and layer with this content digest (locked until the unit ends)."""
+        ...
+    async def merge_into(self, kept: MemoryRecord) -> None:
+        """Store a merged memory's engagement, merge count, tags and provenance."""
+        ...
+    async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
+                              buckets: list[str]) -> list[tuple[str, list[int]]]:
+        """(memory id, MinHash) of current memories of the user and layer sharing an LSH bucket."""
+        ...
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         """HMAC of `value` under the tenant's search key (exact matches without the plaintext)."""
         ...

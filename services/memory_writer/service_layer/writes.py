@@ -23,6 +23,7 @@ from services.memory_writer.domain import (
     Layer,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryMerged,
     MemoryQuarantined,
     MemoryRecord,
     MemoryWritten,
@@ -38,6 +39,13 @@ from services.memory_writer.domain import (
 )
 from services.memory_writer.domain.entities import check_schema
 from services.memory_writer.domain.guard import Signals, assess
+from services.memory_writer.domain.similarity import (
+    NEAR_THRESHOLD,
+    bands,
+    content_digest,
+    minhash,
+    similarity,
+)
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
 __all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
@@ -122,6 +130,11 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
     if verdict.quarantine:  # stored apart, announced without content, never served
         record = replace(record, status=Status.QUARANTINED, quarantine_reasons=verdict.reasons)
         decision = None
+    if record.status is Status.CURRENT and not record.key:
+        merged = await _merge_or_link(uow, record)
+        if isinstance(merged, WriteResult):
+            return merged
+        record = merged
     old = decision.supersedes if decision else None
     if old is None and not await uow.add(record):
         # A concurrent write with the same idempotency key got there first (nothing was written here).
@@ -143,7 +156,35 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
         raise _AfterWrite(exc) from exc
     status = WriteStatus.CANDIDATE if record.status is Status.CANDIDATE else WriteStatus.STORED
     return WriteResult(record.memory_id, duplicate=False, version=version, status=status,
-                       supersedes=old.memory_id if old else "", must_confirm=record.must_confirm)
+                       supersedes=old.memory_id if old else "", must_confirm=record.must_confirm,
+                       near_duplicate_of=record.near_duplicate_of)
+
+
+async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult | MemoryRecord:
+    """An identical memory of the same user and layer absorbs the write (no second row); otherwise the
+    record, linked to the memory it closely resembles, if any."""
+    digest = record.content_hmac or content_digest(record.content)
+    existing = await uow.find_identical(record.tenant_id, record.user_id, int(record.layer), digest)
+    if existing is not None:
+        kept = replace(existing, engagement=existing.engagement + 1.0, merged_count=existing.merged_count + 1,
+                       tags=tuple(dict.fromkeys((*existing.tags, *record.tags))),
+                       derived_from=tuple(dict.fromkeys((*existing.derived_from, *record.derived_from))))
+        try:
+            await uow.merge_into(kept)
+            version = await uow.record(f"memory-{kept.memory_id}", ANY_VERSION, MemoryMerged(kept, record))
+        except Exception as exc:
+            raise _AfterWrite(exc) from exc
+        return WriteResult(kept.memory_id, duplicate=True, version=version, status=WriteStatus.MERGED,
+                           must_confirm=kept.must_confirm)
+    signature = minhash(record.redacted if record.sensitive_kind else record.content)
+    near = ""
+    best = NEAR_THRESHOLD
+    for memory_id, other in await uow.near_candidates(record.tenant_id, record.user_id, int(record.layer),
+                                                      bands(signature)):
+        score = similarity(signature, other)
+        if score >= best:
+            near, best = memory_id, score
+    return replace(record, content_digest=digest, minhash=tuple(signature), near_duplicate_of=near)
 
 
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",

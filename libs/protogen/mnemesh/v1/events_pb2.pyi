@@ -107,6 +107,24 @@ class MemoryReleased(_message.Message):
     reason: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., released_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class MemoryMerged(_message.Message):
+    __slots__ = ("tenant", "memory_id", "source", "derived_from", "tags", "merged_count", "engagement")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MERGED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENGAGEMENT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    source: _common_pb2.SourceKind
+    derived_from: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    merged_count: int
+    engagement: float
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., merged_count: _Optional[int] = ..., engagement: _Optional[float] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -20,12 +20,14 @@ class WriteStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRITE_STATUS_DUPLICATE: _ClassVar[WriteStatus]
     WRITE_STATUS_CANDIDATE: _ClassVar[WriteStatus]
     WRITE_STATUS_FAILED: _ClassVar[WriteStatus]
+    WRITE_STATUS_MERGED: _ClassVar[WriteStatus]
     WRITE_STATUS_QUARANTINED: _ClassVar[WriteStatus]
 WRITE_STATUS_UNSPECIFIED: WriteStatus
 WRITE_STATUS_STORED: WriteStatus
 WRITE_STATUS_DUPLICATE: WriteStatus
 WRITE_STATUS_CANDIDATE: WriteStatus
 WRITE_STATUS_FAILED: WriteStatus
+WRITE_STATUS_MERGED: WriteStatus
 WRITE_STATUS_QUARANTINED: WriteStatus
 
 class WriteMemoryRequest(_message.Message):
@@ -57,7 +59,7 @@ class WriteMemoryRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WriteMemoryResponse(_message.Message):
-    __slots__ = ("memory_id", "duplicate", "version", "status", "supersedes", "must_confirm", "quarantine_reasons")
+    __slots__ = ("memory_id", "duplicate", "version", "status", "supersedes", "must_confirm", "quarantine_reasons", "near_duplicate_of")
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +67,7 @@ class WriteMemoryResponse(_message.Message):
     SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
     MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
     QUARANTINE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    NEAR_DUPLICATE_OF_FIELD_NUMBER: _ClassVar[int]
     memory_id: str
     duplicate: bool
     version: int
@@ -72,7 +75,8 @@ class WriteMemoryResponse(_message.Message):
     supersedes: str
     must_confirm: bool
     quarantine_reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ..., status: _Optional[_Union[WriteStatus, str]] = ..., supersedes: _Optional[str] = ..., must_confirm: _Optional[bool] = ..., quarantine_reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    near_duplicate_of: str
+    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ..., status: _Optional[_Union[WriteStatus, str]] = ..., supersedes: _Optional[str] = ..., must_confirm: _Optional[bool] = ..., quarantine_reasons: _Optional[_Iterable[str]] = ..., near_duplicate_of: _Optional[str] = ...) -> None: ...
 
 class WriteBatchRequest(_message.Message):
     __slots__ = ("writes", "tenant")

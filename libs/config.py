@@ -128,6 +128,10 @@ class Settings(BaseSettings):
     # pkcs11:<library .so>|<token label>|<key label> for an HSM, with its PIN below.
     master_key: str = Field("file:", description="key provider of the memory-writer's master key")
     pkcs11_pin: SecretStr = Field(SecretStr(""), description="PIN of the PKCS#11 token holding the master key")
+    # The memory-writer's sweeper: expiry, decay, archive (one replica at a time holds its Redis lease).
+    memory_sweep_seconds: float = Field(30.0, gt=0, description="how often the sweeper runs")
+    memory_archive_after_days: float = Field(90.0, gt=0, description="idle time after which a memory is archived")
+    memory_engagement_half_life_days: float = Field(30.0, gt=0, description="half-life of the engagement score")
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")

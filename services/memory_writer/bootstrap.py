@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import redis.asyncio
+
 from libs.crypto import key_provider
 from libs.events.batches import BatchConsumer
-from libs.events.schema import MEMORY_COMMANDS
+from libs.events.schema import MEMORY_ACCESS, MEMORY_COMMANDS
+from libs.lease import RedisLease
 from libs.runtime import ServiceContext
 from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
 from services.memory_writer.entrypoints import grpc_api, streams
+from services.memory_writer.entrypoints.sweeper import Sweeper
+from services.memory_writer.service_layer.upkeep import SweepPolicy
 
 NAME = "memory-writer"
 MIGRATIONS = "services.memory_writer"
@@ -35,3 +42,12 @@ async def bootstrap(ctx: ServiceContext) -> None:
                              # dead-lettered one keeps only the redacted text.
                              delete_handled=True, scrub=streams.scrub_command)
     ctx.tasks.append(consumer.run)
+
+    policy = SweepPolicy(archive_after=timedelta(days=settings.memory_archive_after_days),
+                         half_life=timedelta(days=settings.memory_engagement_half_life_days))
+    ctx.subscribe(MEMORY_ACCESS, streams.on_access(uow_in, policy))
+    lease_client = redis.asyncio.from_url(settings.redis_url)
+    ctx.closers.append(lease_client.aclose)
+    lease = RedisLease(lease_client, ctx.bus.stream_name("mnemesh.memory-writer.sweeper"),
+                       ttl_ms=int(max(settings.memory_sweep_seconds * 3, 10) * 1000))
+    ctx.tasks.append(Sweeper(ctx.db, uow, lease, policy, every_seconds=settings.memory_sweep_seconds).run)

@@ -9,8 +9,10 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
 from services.memory_writer.domain import (
     DomainEvent,
+    MemoryArchived,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryExpired,
     MemoryMerged,
     MemoryQuarantined,
     MemoryRecord,
@@ -91,6 +93,13 @@ def event_to_proto(event: DomainEvent) -> tuple[str, object]:
         return "memory.confirmed", events_pb2.MemoryConfirmed(
             tenant=_tenant(r), memory_id=r.memory_id, key=r.key, confidence=int(r.confidence),
             supersedes=event.supersedes, changed_by=event.confirmed_by, reason=r.reason, expires_at=_ts(r.expires_at))
+    if isinstance(event, MemoryExpired | MemoryArchived):
+        kind, message = (("memory.expired", events_pb2.MemoryExpired) if isinstance(event, MemoryExpired)
+                         else ("memory.archived", events_pb2.MemoryArchived))
+        payload = message(memory_ids=list(event.memory_ids))
+        payload.tenant.tenant_id = event.tenant_id
+        getattr(payload, "expired_at" if isinstance(event, MemoryExpired) else "archived_at").CopyFrom(_ts(event.at))
+        return kind, payload
     if isinstance(event, MemoryMerged):
         k, w = event.kept, event.write
         return "memory.merged", events_pb2.MemoryMerged(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -181,6 +181,31 @@ class PostgresUnitOfWork:
             "SELECT * FROM memories WHERE tenant_id = $1 AND status = 4 AND ($2 = '' OR user_id = $2)"
             " ORDER BY created_at, memory_id LIMIT $3", tenant_id, user_id, limit)
         return [_record(row) for row in rows]
+
+    async def take_expired(self, tenant_id: str, now: datetime, limit: int) -> list[str]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "DELETE FROM memories WHERE memory_id IN (SELECT memory_id FROM memories WHERE tenant_id = $1"
+            " AND expires_at <= $2 ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING memory_id::text",
+            tenant_id, now, limit)
+        return [row[0] for row in rows]
+
+    async def archive_idle(self, tenant_id: str, idle_since: datetime, limit: int) -> list[str]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "UPDATE memories SET status = 5, changed_at = now() WHERE memory_id IN (SELECT memory_id FROM memories"
+            " WHERE tenant_id = $1 AND status = 1 AND coalesce(last_accessed_at, created_at) < $2 LIMIT $3"
+            " FOR UPDATE SKIP LOCKED) RETURNING memory_id::text", tenant_id, idle_since, limit)
+        return [row[0] for row in rows]
+
+    async def touch(self, tenant_id: str, memory_ids: list[str], at: datetime, half_life: timedelta) -> int:
+        # engagement * 0.5^(elapsed / half-life) + 1, in one statement (decay, then the access).
+        status = await (await self._as(tenant_id)).execute(
+            "UPDATE memories SET engagement = engagement * power(0.5, greatest(0, extract(epoch FROM"
+            " ($3 - coalesce(engagement_at, created_at)))) / $4) + 1, engagement_at = $3,"
+            " last_accessed_at = greatest(coalesce(last_accessed_at, $3), $3),"
+            " status = CASE WHEN status = 5 AND key = '' THEN 1 ELSE status END"  # keyed: a newer value may be current
+            " WHERE tenant_id = $1 AND memory_id::text = ANY($2::text[])",
+            tenant_id, memory_ids, at, half_life.total_seconds())
+        return rowcount(status)
 
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return await self.keys.keyed_hash(await self._as(tenant_id), tenant_id, value)

@@ -1,8 +1,10 @@
 from services.memory_writer.domain.confidence import Decision, confirmed, decide
 from services.memory_writer.domain.events import (
     DomainEvent,
+    MemoryArchived,
     MemoryConfirmed,
     MemoryCorrected,
+    MemoryExpired,
     MemoryForgotten,
     MemoryMerged,
     MemoryQuarantined,
@@ -23,6 +25,6 @@ from services.memory_writer.domain.model import (
 )
 from services.memory_writer.domain.normalize import normalized
 
-__all__ = ["Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
+__all__ = ["MemoryArchived", "MemoryExpired", "Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
            "MemoryMerged", "MemoryQuarantined", "MemoryReleased", "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "confirmed", "decide", "new_memory", "normalized", "request_fingerprint"]

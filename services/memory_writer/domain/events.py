@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from services.memory_writer.domain.model import MemoryRecord
 
-__all__ = ["DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryMerged", "MemoryQuarantined",
+__all__ = ["MemoryArchived", "MemoryExpired", "DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryMerged", "MemoryQuarantined",
            "MemoryReleased", "MemoryWritten"]
 
 
@@ -49,6 +50,20 @@ class MemoryMerged:
 
 
 @dataclass(frozen=True)
+class MemoryExpired:
+    tenant_id: str
+    memory_ids: tuple[str, ...]
+    at: datetime
+
+
+@dataclass(frozen=True)
+class MemoryArchived:
+    tenant_id: str
+    memory_ids: tuple[str, ...]
+    at: datetime
+
+
+@dataclass(frozen=True)
 class MemoryForgotten:
     tenant_id: str
     user_id: str
@@ -57,4 +72,4 @@ class MemoryForgotten:
 
 
 DomainEvent = (MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryQuarantined | MemoryReleased
-               | MemoryMerged | MemoryForgotten)
+               | MemoryMerged | MemoryExpired | MemoryArchived | MemoryForgotten)

@@ -49,6 +49,7 @@ class Status(IntEnum):  # values mirror mnemesh.v1.MemoryStatus
     CANDIDATE = 2  # a higher confidence level holds its key: kept, reported, never served
     SUPERSEDED = 3  # a later value of its key replaced it: kept for History
     QUARANTINED = 4  # held by the poisoning guard for review: never served
+    ARCHIVED = 5  # idle past the archive period: out of default search, kept
 
 
 class WriteStatus(IntEnum):  # values mirror mnemesh.v1.WriteStatus

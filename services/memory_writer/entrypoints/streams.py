@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from datetime import UTC
 
 import asyncpg
 
@@ -17,10 +18,10 @@ from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
 from services.memory_writer.domain.sensitive import find_sensitive
-from services.memory_writer.service_layer import handlers
+from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_write_batch", "scrub_command"]
+__all__ = ["on_access", "on_write_batch", "scrub_command"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
@@ -46,6 +47,17 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
         for i, result in zip(index, results, strict=True):
             outcomes[i] = result if isinstance(result, BaseException) else None
         return outcomes
+
+    return handle
+
+
+def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkeep.SweepPolicy):
+    """MemoryAccessed from the retriever: the memories' engagement rises (after decaying to the access time)."""
+
+    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
+        message = envelope.message()
+        at = message.accessed_at.ToDatetime(tzinfo=UTC) if message.HasField("accessed_at") else envelope.occurred_at
+        await upkeep.record_access(envelope.tenant_id, list(message.memory_ids), at, uow_for(conn), policy)
 
     return handle
 

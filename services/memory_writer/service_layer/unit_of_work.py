@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from services.memory_writer.domain import DomainEvent, MemoryRecord
@@ -63,6 +63,16 @@ class UnitOfWork(Protocol):
     async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
                               buckets: list[str]) -> list[tuple[str, list[int]]]:
         """(memory id, MinHash) of current memories of the user and layer sharing an LSH bucket."""
+        ...
+    async def take_expired(self, tenant_id: str, now: datetime, limit: int) -> list[str]:
+        """Delete up to `limit` memories whose expires_at has passed; return their ids (each row once, even
+        under concurrent sweepers)."""
+        ...
+    async def archive_idle(self, tenant_id: str, idle_since: datetime, limit: int) -> list[str]:
+        """Archive up to `limit` current memories not accessed (nor written) since `idle_since`."""
+        ...
+    async def touch(self, tenant_id: str, memory_ids: list[str], at: datetime, half_life: timedelta) -> int:
+        """Record an access: engagement decayed to `at`, plus one; archived memories become current."""
         ...
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         """HMAC of `value` under the tenant's search key (exact matches without the plaintext)."""

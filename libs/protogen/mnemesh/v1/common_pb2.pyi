@@ -44,6 +44,7 @@ class MemoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMORY_STATUS_CANDIDATE: _ClassVar[MemoryStatus]
     MEMORY_STATUS_SUPERSEDED: _ClassVar[MemoryStatus]
     MEMORY_STATUS_QUARANTINED: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_ARCHIVED: _ClassVar[MemoryStatus]
 MEMORY_LAYER_UNSPECIFIED: MemoryLayer
 MEMORY_LAYER_SESSION: MemoryLayer
 MEMORY_LAYER_STEP: MemoryLayer
@@ -65,6 +66,7 @@ MEMORY_STATUS_CURRENT: MemoryStatus
 MEMORY_STATUS_CANDIDATE: MemoryStatus
 MEMORY_STATUS_SUPERSEDED: MemoryStatus
 MEMORY_STATUS_QUARANTINED: MemoryStatus
+MEMORY_STATUS_ARCHIVED: MemoryStatus
 
 class TenantContext(_message.Message):
     __slots__ = ("tenant_id", "user_id", "session_id")

@@ -125,6 +125,26 @@ class MemoryMerged(_message.Message):
     engagement: float
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., merged_count: _Optional[int] = ..., engagement: _Optional[float] = ...) -> None: ...
 
+class MemoryExpired(_message.Message):
+    __slots__ = ("tenant", "memory_ids", "expired_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    expired_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryArchived(_message.Message):
+    __slots__ = ("tenant", "memory_ids", "archived_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    archived_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., archived_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

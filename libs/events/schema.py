@@ -74,6 +74,8 @@ EVENT_TYPES: dict[str, EventType] = {
                   "The sweeper removed memories past their expiry."),
         EventType("memory.archived", 1, MEMORY_EVENTS, events_pb2.MemoryArchived,
                   "The sweeper archived memories idle past the archive period."),
+        EventType("memory.session_compressed", 1, MEMORY_EVENTS, events_pb2.SessionCompressed,
+                  "A session's turns were summarised into one memory (derived_from lists them)."),
         EventType("memory.forgotten", 1, MEMORY_EVENTS, events_pb2.MemoryForgotten,
                   "Memories were removed (forget, expiry or crypto-shredding)."),
         EventType("memory.accessed", 1, MEMORY_ACCESS, events_pb2.MemoryAccessed,

@@ -77,6 +77,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.ListQuarantineRequest": {**_TENANT},
     "mnemesh.v1.ReleaseRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
     "mnemesh.v1.DropRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
+    "mnemesh.v1.CompressSessionRequest": {**_TENANT, "strategy": _ident(16)},
     "mnemesh.v1.RegisterEntitySchemaRequest": {**_TENANT, "key": _ident(128), "schema": _struct(16 * _KB)},
     "mnemesh.v1.ForgetRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
     "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),

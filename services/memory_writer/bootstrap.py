@@ -12,7 +12,9 @@ from libs.events.schema import MEMORY_ACCESS, MEMORY_COMMANDS
 from libs.lease import RedisLease
 from libs.runtime import ServiceContext
 from services.memory_writer.adapters.keys import KeyRing
+from services.memory_writer.adapters.llm import OpenAICompatibleSummarizer
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
+from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.entrypoints import grpc_api, streams
 from services.memory_writer.entrypoints.sweeper import Sweeper
 from services.memory_writer.service_layer.upkeep import SweepPolicy
@@ -32,7 +34,14 @@ async def bootstrap(ctx: ServiceContext) -> None:
     def uow_in(conn):
         return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, keys, conn=conn)
 
-    ctx.add_grpc(grpc_api.registration(uow))
+    summarizer = None
+    if settings.llm_base_url and settings.llm_model:
+        summarizer = OpenAICompatibleSummarizer(settings.llm_base_url, settings.llm_model,
+                                                settings.llm_api_key.get_secret_value())
+        ctx.closers.append(summarizer.close)
+    triggers = Triggers(turns=settings.memory_compress_turns, share=settings.memory_compress_share,
+                        window_tokens=settings.memory_context_window_tokens)
+    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers))
     # Commands are taken in batches (one transaction per batch and tenant), not one by one through
     # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
     consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),

@@ -275,3 +275,25 @@ async def test_injected_content_is_quarantined_listed_and_released_or_dropped_ov
     assert released.result.status == memory_pb2.WRITE_STATUS_STORED and dropped.dropped and not after.memories
     types = [r["event_type"] for r in await rows(writer, "SELECT event_type FROM events ORDER BY position")]
     assert types.count("memory.quarantined") == 2 and types.count("memory.released") == 1
+
+
+async def test_a_session_is_compressed_over_grpc_into_a_summary_that_lists_its_turns(writer: Settings) -> None:
+    turns = [("user", "I want to book a flight to Hangzhou on March 14."), ("assistant", "How many people?"),
+             ("user", "2 adults, budget 1,200 CNY each."), ("assistant", "CA1705 at 08:10 costs 980 CNY."),
+             ("user", "Book CA1705 please."), ("assistant", "Booked."), ("user", "谢谢，请提醒我提前两小时出发。"),
+             ("assistant", "好的，会提醒您。"), ("user", "我对花生过敏。"), ("assistant", "已记录。")]
+    async with stub_for(writer) as ch:
+        stub = memory_pb2_grpc.MemoryWriterStub(ch)
+        written = await stub.WriteBatch(memory_pb2.WriteBatchRequest(writes=[memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(user_id="u1", session_id="trip-1"), layer=common_pb2.MEMORY_LAYER_SESSION,
+            source=common_pb2.SOURCE_KIND_USER_STATEMENT, content=text, tags=[f"role:{role}"])
+            for role, text in turns]), timeout=10)
+        request = memory_pb2.CompressSessionRequest(tenant=common_pb2.TenantContext(user_id="u1", session_id="trip-1"))
+        done = await stub.CompressSession(request, timeout=10)
+        again = await stub.CompressSession(request, timeout=10)
+        summary = await stub.Get(memory_pb2.GetMemoryRequest(memory_id=done.summary_memory_id), timeout=5)
+    assert done.compressed and done.trigger == "turns"
+    assert list(done.covered) == [r.result.memory_id for r in written.results]
+    assert list(summary.memory.derived_from) == list(done.covered) and "summary" in summary.memory.tags
+    assert "CA1705" in summary.memory.content and "花生过敏" in summary.memory.content
+    assert done.tokens_after < done.tokens_before and not again.compressed

@@ -119,6 +119,12 @@ class FakeUnitOfWork:
                 if (r.tenant_id, r.user_id, int(r.layer)) == (tenant_id, user_id, layer) and r.minhash
                 and r.status is Status.CURRENT and wanted & set(bands(list(r.minhash)))]
 
+    async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
+        covered = {d for r in self._rows.values() if "summary" in r.tags for d in r.derived_from}
+        return sorted((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.session_id) ==
+                       (tenant_id, user_id, session_id) and int(r.layer) == 1 and r.status is Status.CURRENT
+                       and r.memory_id not in covered), key=lambda r: r.created_at)
+
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return f"hmac({tenant_id}:{value})"
 

@@ -24,6 +24,7 @@ from libs.validation import (
 REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.WriteBatchRequest, memory_pb2.CorrectRequest,
             memory_pb2.ConfirmRequest, memory_pb2.HistoryRequest, memory_pb2.RegisterEntitySchemaRequest,
             memory_pb2.ListQuarantineRequest, memory_pb2.ReleaseRequest, memory_pb2.DropRequest,
+            memory_pb2.CompressSessionRequest,
             memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,
             memory_pb2.SearchRequest, sessions_pb2.SendRequest, sessions_pb2.SubscribeRequest,
             sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,

@@ -18,6 +18,7 @@ from services.memory_writer.domain import (
     MemoryRecord,
     MemoryReleased,
     MemoryWritten,
+    SessionCompressed,
     WriteMemory,
     WriteResult,
 )
@@ -100,6 +101,11 @@ def event_to_proto(event: DomainEvent) -> tuple[str, object]:
         payload.tenant.tenant_id = event.tenant_id
         getattr(payload, "expired_at" if isinstance(event, MemoryExpired) else "archived_at").CopyFrom(_ts(event.at))
         return kind, payload
+    if isinstance(event, SessionCompressed):
+        return "memory.session_compressed", events_pb2.SessionCompressed(
+            tenant=_tenant(event.summary), summary_memory_id=event.summary.memory_id,
+            covered_memory_ids=list(event.covered), strategy=event.strategy, trigger=event.trigger,
+            tokens_before=event.tokens_before, tokens_after=event.tokens_after)
     if isinstance(event, MemoryMerged):
         k, w = event.kept, event.write
         return "memory.merged", events_pb2.MemoryMerged(

@@ -207,6 +207,14 @@ class PostgresUnitOfWork:
             tenant_id, memory_ids, at, half_life.total_seconds())
         return rowcount(status)
 
+    async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
+        rows = await (await self._as(tenant_id)).fetch(
+            "SELECT * FROM memories m WHERE tenant_id = $1 AND user_id = $2 AND session_id = $3 AND layer = 1"
+            " AND status = 1 AND NOT EXISTS (SELECT 1 FROM memories s WHERE s.tenant_id = $1 AND s.user_id = $2"
+            " AND s.session_id = $3 AND 'summary' = ANY(s.tags) AND m.memory_id::text = ANY(s.derived_from))"
+            " ORDER BY created_at, memory_id", tenant_id, user_id, session_id)
+        return [_record(row) for row in rows]
+
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         return await self.keys.keyed_hash(await self._as(tenant_id), tenant_id, value)
 

@@ -10,6 +10,7 @@ from services.memory_writer.domain.events import (
     MemoryQuarantined,
     MemoryReleased,
     MemoryWritten,
+    SessionCompressed,
 )
 from services.memory_writer.domain.model import (
     Confidence,
@@ -25,6 +26,6 @@ from services.memory_writer.domain.model import (
 )
 from services.memory_writer.domain.normalize import normalized
 
-__all__ = ["MemoryArchived", "MemoryExpired", "Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
+__all__ = ["SessionCompressed", "MemoryArchived", "MemoryExpired", "Confidence", "Decision", "DomainEvent", "Layer", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten",
            "MemoryMerged", "MemoryQuarantined", "MemoryReleased", "MemoryRecord", "MemoryWritten", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "confirmed", "decide", "new_memory", "normalized", "request_fingerprint"]

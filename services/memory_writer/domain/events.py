@@ -7,7 +7,7 @@ from datetime import datetime
 
 from services.memory_writer.domain.model import MemoryRecord
 
-__all__ = ["MemoryArchived", "MemoryExpired", "DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryMerged", "MemoryQuarantined",
+__all__ = ["SessionCompressed", "MemoryArchived", "MemoryExpired", "DomainEvent", "MemoryConfirmed", "MemoryCorrected", "MemoryForgotten", "MemoryMerged", "MemoryQuarantined",
            "MemoryReleased", "MemoryWritten"]
 
 
@@ -64,6 +64,16 @@ class MemoryArchived:
 
 
 @dataclass(frozen=True)
+class SessionCompressed:
+    summary: MemoryRecord
+    covered: tuple[str, ...]
+    strategy: str
+    trigger: str
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True)
 class MemoryForgotten:
     tenant_id: str
     user_id: str
@@ -72,4 +82,4 @@ class MemoryForgotten:
 
 
 DomainEvent = (MemoryWritten | MemoryCorrected | MemoryConfirmed | MemoryQuarantined | MemoryReleased
-               | MemoryMerged | MemoryExpired | MemoryArchived | MemoryForgotten)
+               | MemoryMerged | MemoryExpired | MemoryArchived | SessionCompressed | MemoryForgotten)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncpg
 from google.protobuf import json_format
 
@@ -17,17 +19,20 @@ from services.memory_writer.adapters.mapping import (
     timestamp,
 )
 from services.memory_writer.domain import WriteResult
+from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.service_layer import handlers
+from services.memory_writer.service_layer.compression import CompressSession, Summarizer, compress_session
 from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
 
 __all__ = ["registration", "write_error"]
 
 log = get_logger(__name__)
+DEFAULT_TRIGGERS = Triggers()
 
 SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
           "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
           "RegisterEntitySchema": "memory:admin", "ListQuarantine": "memory:admin", "Release": "memory:admin",
-          "Drop": "memory:admin"}
+          "Drop": "memory:admin", "CompressSession": "memory:write"}
 
 
 def _caller() -> str:
@@ -58,8 +63,9 @@ def _detail(error: DomainError) -> common_pb2.ErrorDetail:
 
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
-    def __init__(self, uow: UnitOfWorkFactory) -> None:
-        self.uow = uow
+    def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
+                 triggers: Triggers = DEFAULT_TRIGGERS) -> None:
+        self.uow, self.summarizer, self.triggers = uow, summarizer, triggers
 
     async def Write(self, request, context):
         result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow())
@@ -153,7 +159,17 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         cmd = handlers.DropQuarantined(request.tenant.tenant_id, request.memory_id, request.reason)
         return memory_pb2.DropResponse(dropped=await handlers.drop(cmd, self.uow()))
 
+    async def CompressSession(self, request, context):
+        triggers = replace(self.triggers, window_tokens=request.window_tokens or self.triggers.window_tokens)
+        cmd = CompressSession(request.tenant.tenant_id, request.tenant.user_id or _caller(),
+                              request.tenant.session_id, request.strategy or "extractive", request.force, triggers)
+        done = await compress_session(cmd, self.uow(), self.summarizer)
+        return memory_pb2.CompressSessionResponse(
+            compressed=bool(done.summary_memory_id), trigger=done.trigger, summary_memory_id=done.summary_memory_id,
+            covered=list(done.covered), tokens_before=done.tokens_before, tokens_after=done.tokens_after)
 
-def registration(uow: UnitOfWorkFactory) -> Registration:
-    return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server, MemoryWriterServicer(uow),
-                        "mnemesh.v1.MemoryWriter", SCOPES)
+
+def registration(uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
+                 triggers: Triggers = DEFAULT_TRIGGERS) -> Registration:
+    return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server,
+                        MemoryWriterServicer(uow, summarizer, triggers), "mnemesh.v1.MemoryWriter", SCOPES)

@@ -74,6 +74,9 @@ class UnitOfWork(Protocol):
     async def touch(self, tenant_id: str, memory_ids: list[str], at: datetime, half_life: timedelta) -> int:
         """Record an access: engagement decayed to `at`, plus one; archived memories become current."""
         ...
+    async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
+        """The session layer's current memories of a session that no summary covers yet, oldest first."""
+        ...
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         """HMAC of `value` under the tenant's search key (exact matches without the plaintext)."""
         ...

@@ -240,7 +240,9 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             scope = uow.savepoint() if isolate else contextlib.nullcontext()
             try:
                 async with scope:
-                    outcomes[i] = await _write_in(uow, cmd, now, schemas.get(cmd.key), recent)
+                    # A microsecond apart: the batch's order stays the order of its records (session turns).
+                    outcomes[i] = await _write_in(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
+                                                  recent)
             except DomainError as exc:  # refused before anything of it was written
                 outcomes[i] = exc
             except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error

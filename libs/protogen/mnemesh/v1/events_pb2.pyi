@@ -145,6 +145,24 @@ class MemoryArchived(_message.Message):
     archived_at: _timestamp_pb2.Timestamp
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., archived_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class SessionCompressed(_message.Message):
+    __slots__ = ("tenant", "summary_memory_id", "covered_memory_ids", "strategy", "trigger", "tokens_before", "tokens_after")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    COVERED_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    summary_memory_id: str
+    covered_memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    strategy: str
+    trigger: str
+    tokens_before: int
+    tokens_after: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., summary_memory_id: _Optional[str] = ..., covered_memory_ids: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., trigger: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -242,6 +242,34 @@ class DropResponse(_message.Message):
     dropped: bool
     def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
 
+class CompressSessionRequest(_message.Message):
+    __slots__ = ("tenant", "strategy", "force", "window_tokens")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    strategy: str
+    force: bool
+    window_tokens: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., strategy: _Optional[str] = ..., force: _Optional[bool] = ..., window_tokens: _Optional[int] = ...) -> None: ...
+
+class CompressSessionResponse(_message.Message):
+    __slots__ = ("compressed", "trigger", "summary_memory_id", "covered", "tokens_before", "tokens_after")
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    COVERED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    compressed: bool
+    trigger: str
+    summary_memory_id: str
+    covered: _containers.RepeatedScalarFieldContainer[str]
+    tokens_before: int
+    tokens_after: int
+    def __init__(self, compressed: _Optional[bool] = ..., trigger: _Optional[str] = ..., summary_memory_id: _Optional[str] = ..., covered: _Optional[_Iterable[str]] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ...) -> None: ...
+
 class GetMemoryRequest(_message.Message):
     __slots__ = ("tenant", "memory_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]

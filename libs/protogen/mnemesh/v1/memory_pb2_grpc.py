@@ -92,6 +92,11 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.DropRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropResponse.FromString,
                 _registered_method=True)
+        self.CompressSession = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/CompressSession',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryWriterServicer:
@@ -171,6 +176,14 @@ class MemoryWriterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompressSession(self, request, context):
+        """Summarise a session's uncovered turns when a trigger fires (or when forced) into one memory whose
+        derived_from lists the turns it covers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryWriterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +241,11 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.Drop,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.DropResponse.SerializeToString,
+            ),
+            'CompressSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompressSession,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -529,6 +547,33 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/Drop',
             mnemesh_dot_v1_dot_memory__pb2.DropRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.DropResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompressSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/CompressSession',
+            mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

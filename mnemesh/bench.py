@@ -2,10 +2,13 @@
 
 - eventstore: EventStore.append (expected-version check, NOTIFY) vs a plain INSERT of the same row.
 - bus: EventBus.publish (envelope, span, XADD with trim) vs a raw XADD of the same fields.
+- write: memories/s through the commands stream and gRPC WriteBatch of the running mesh vs plain
+  batched inserts of the same rows (services/memory_writer/bench.py; --n, --batch).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -100,9 +103,10 @@ BENCHMARKS: dict[str, Callable[[Settings, int, int], Awaitable[list[dict]]]] = {
 }
 
 
-async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int) -> int:
-    if name == "list" or name not in BENCHMARKS:
-        print("benchmarks: " + ", ".join(BENCHMARKS), file=sys.stderr if name != "list" else sys.stdout)
+async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int, n: int = 20_000,
+                        batch: int = 200) -> int:
+    if name == "list" or name not in [*BENCHMARKS, "write"]:
+        print("benchmarks: " + ", ".join([*BENCHMARKS, "write"]), file=sys.stderr if name != "list" else sys.stdout)
         return 0 if name == "list" else 2
     missing = [n for n, v in (("REDIS_URL", settings.redis_url), ("DATABASE_URL", settings.database_url)) if not v]
     if missing:
@@ -110,5 +114,10 @@ async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warm
               "which provides them", file=sys.stderr)
         return 2
     configure_logging("bench", "warning")
+    if name == "write":  # against the running mesh; prints as it goes, then its own summary line
+        from services.memory_writer.bench import bench_write
+
+        print(json.dumps(await bench_write(settings, n=n, batch=batch)))
+        return 0
     report(name, await BENCHMARKS[name](settings, repetitions, warmup))
     return 0

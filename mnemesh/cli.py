@@ -144,7 +144,8 @@ def cmd_asyncapi(ns: argparse.Namespace) -> int:
 def cmd_bench(ns: argparse.Namespace) -> int:
     from mnemesh.bench import run_benchmark
 
-    return asyncio.run(run_benchmark(ns.name, _settings(), repetitions=ns.repetitions, warmup=ns.warmup))
+    return asyncio.run(run_benchmark(ns.name, _settings(), repetitions=ns.repetitions, warmup=ns.warmup, n=ns.n,
+                                     batch=ns.batch))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(sub, _settings)
 
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
-    p.add_argument("name", help="eventstore, bus or list")
+    p.add_argument("name", help="eventstore, bus, write or list")
+    p.add_argument("--n", type=int, default=20_000, help="write: memories per path")
+    p.add_argument("--batch", type=int, default=200, help="write: batch size (stream read, WriteBatch, baseline)")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.set_defaults(func=cmd_bench)

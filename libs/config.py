@@ -155,6 +155,25 @@ class Settings(BaseSettings):
     outbox_poll_seconds: float = Field(0.5, gt=0)
     housekeeping_seconds: float = Field(60.0, gt=0, description="how often streams are trimmed and tables purged")
     processed_retention_days: float = Field(7.0, gt=0, description="how long processed-event ids are kept")
+    # The memory-writer's master key: file:<path> (development; `file:` alone is <data_dir>/master.key) or
+    # pkcs11:<library .so>|<token label>|<key label> for an HSM, with its PIN below.
+    master_key: str = Field("file:", description="key provider of the memory-writer's master key")
+    pkcs11_pin: SecretStr = Field(SecretStr(""), description="PIN of the PKCS#11 token holding the master key")
+    # The memory-writer's sweeper: expiry, decay, archive (one replica at a time holds its Redis lease).
+    memory_sweep_seconds: float = Field(30.0, gt=0, description="how often the sweeper runs")
+    memory_archive_after_days: float = Field(90.0, gt=0, description="idle time after which a memory is archived")
+    memory_engagement_half_life_days: float = Field(30.0, gt=0, description="half-life of the engagement score")
+    # Session compression: the context window it protects; an OpenAI-compatible endpoint for the
+    # abstractive and hybrid strategies (none: extractive only).
+    memory_context_window_tokens: int = Field(8_000, ge=256, description="context window compression protects")
+    memory_compress_turns: int = Field(10, ge=2, description="uncovered turns that trigger compression")
+    memory_compress_share: float = Field(0.65, gt=0, le=1, description="token share of the window that triggers it")
+    llm_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1")
+    llm_model: str = Field("", description="model name for the LLM endpoint")
+    llm_api_key: SecretStr = Field(SecretStr(""), description="API key of the LLM endpoint, if it needs one")
+    # The memory-writer takes commands in batches: one transaction per batch (and tenant).
+    memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
+    memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
 
     # At most 3 s: a service then stops within 6.5 s, and `mnemesh run` as a whole within 10 s.
     shutdown_grace_seconds: float = Field(2.5, ge=0, le=3, description="time in-flight calls get to finish")

@@ -5,6 +5,8 @@
 - adapter: SOAP calls through the adapter's gRPC Invoke vs zeep directly (services/adapter/bench.py).
 - search: the retriever (services/retriever/bench.py): embedder vs indexing pipeline, engine vs Search,
   read-after-write visibility; its final JSON line carries a `summary`.
+- write: memories/s through the commands stream and gRPC WriteBatch of the running mesh vs plain
+  batched inserts of the same rows (services/memory_writer/bench.py; --n, --batch).
 """
 
 from __future__ import annotations
@@ -115,9 +117,9 @@ BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
 
 
 async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warmup: int, **options) -> int:
-    """`options` (e.g. memories=...) go to the benchmarks that take them; the others ignore them."""
-    if name == "list" or name not in BENCHMARKS:
-        print("benchmarks: " + ", ".join(BENCHMARKS), file=sys.stderr if name != "list" else sys.stdout)
+    """`options` (e.g. memories=..., n=..., batch=...) go to the benchmarks that take them; the others ignore them."""
+    if name == "list" or name not in [*BENCHMARKS, "write"]:
+        print("benchmarks: " + ", ".join([*BENCHMARKS, "write"]), file=sys.stderr if name != "list" else sys.stdout)
         return 0 if name == "list" else 2
     missing = [n for n, v in (("REDIS_URL", settings.redis_url), ("DATABASE_URL", settings.database_url)) if not v]
     if missing:
@@ -125,6 +127,12 @@ async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warm
               "which provides them", file=sys.stderr)
         return 2
     configure_logging("bench", "warning")
+    if name == "write":  # against the running mesh; prints as it goes, then its own summary line
+        from services.memory_writer.bench import bench_write
+
+        sizes = {k: v for k, v in options.items() if k in ("n", "batch") and v is not None}
+        print(json.dumps(await bench_write(settings, **sizes)))
+        return 0
     bench = BENCHMARKS[name]
     accepted = inspect.signature(bench).parameters
     given = {k: v for k, v in options.items() if v is not None and (k in accepted or "options" in accepted)}

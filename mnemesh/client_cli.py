@@ -29,6 +29,7 @@ from libs.protogen.mnemesh.v1 import (
 )
 from libs.rpc import channel, error_detail
 from mnemesh.adapter_cli import add_adapter_commands
+from mnemesh.memory_cli import add_memory_commands
 
 __all__ = ["add_client_commands"]
 
@@ -68,17 +69,6 @@ def _run(settings: Settings, ns: argparse.Namespace, service: str,
             print(f"error ({exc.code().name}): {exc.details()}", file=sys.stderr)
         return 1
     return 0
-
-
-def memory_write(settings: Settings, ns: argparse.Namespace) -> int:
-    async def call(ch: grpc.aio.Channel) -> None:
-        reply = await memory_pb2_grpc.MemoryWriterStub(ch).Write(memory_pb2.WriteMemoryRequest(
-            tenant=common_pb2.TenantContext(user_id=ns.user, session_id=ns.session), layer=LAYERS[ns.layer],
-            source=SOURCES[ns.source], content=ns.content, key=ns.key, tags=ns.tag or [], step_id=ns.step_id,
-            idempotency_key=ns.idempotency_key), timeout=10)
-        print(f"{reply.memory_id}{'  (duplicate of an earlier write)' if reply.duplicate else ''}")
-
-    return _run(settings, ns, "memory-writer", call)
 
 
 def memory_search(settings: Settings, ns: argparse.Namespace) -> int:
@@ -153,18 +143,8 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
         p.add_argument("--tenant", default="default", help="tenant of the minted token (default: default)")
         p.add_argument("--user", default="dev", help="user id (default: dev)")
 
-    memory = sub.add_parser("memory", help="write and search memories").add_subparsers(dest="verb", required=True)
-    p = memory.add_parser("write", help="write one memory; prints its id")
-    p.add_argument("content")
-    p.add_argument("--layer", choices=list(LAYERS), default="long_term")
-    p.add_argument("--source", choices=list(SOURCES), default="user_statement")
-    p.add_argument("--session", default="")
-    p.add_argument("--key", default="", help="entity key, e.g. user.phone (entity layer)")
-    p.add_argument("--step-id", default="", help="the step id (step layer)")
-    p.add_argument("--tag", action="append")
-    p.add_argument("--idempotency-key", default="")
-    identity(p)
-    p.set_defaults(func=bind(memory_write))
+    memory = sub.add_parser("memory", help="write, read, correct, forget and search memories").add_subparsers(dest="verb", required=True)
+    add_memory_commands(memory, _run, settings_of, identity)
     p = memory.add_parser("search", help="search memories of the tenant")
     p.add_argument("query")
     p.add_argument("--limit", type=int, default=10)

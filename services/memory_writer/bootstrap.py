@@ -2,21 +2,61 @@
 
 from __future__ import annotations
 
-from libs.events.schema import MEMORY_COMMANDS
+from datetime import timedelta
+
+import redis.asyncio
+
+from libs.crypto import key_provider
+from libs.events.batches import BatchConsumer
+from libs.events.schema import MEMORY_ACCESS, MEMORY_COMMANDS
+from libs.lease import RedisLease
 from libs.runtime import ServiceContext
+from services.memory_writer.adapters.keys import KeyRing
+from services.memory_writer.adapters.llm import OpenAICompatibleSummarizer
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
+from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.entrypoints import grpc_api, streams
+from services.memory_writer.entrypoints.sweeper import Sweeper
+from services.memory_writer.service_layer.upkeep import SweepPolicy
 
 NAME = "memory-writer"
 MIGRATIONS = "services.memory_writer"
 
 
 async def bootstrap(ctx: ServiceContext) -> None:
+    settings = ctx.settings
+    keys = KeyRing(key_provider(settings.master_key, settings.data_dir, pin=settings.pkcs11_pin.get_secret_value(),
+                                dev_mode=settings.dev_mode))
+
     def uow():
-        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox)
+        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, keys)
 
-    def uow_in(conn, envelope):
-        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, conn=conn, causation=envelope)
+    def uow_in(conn):
+        return PostgresUnitOfWork(ctx.db, ctx.event_store, ctx.outbox, keys, conn=conn)
 
-    ctx.add_grpc(grpc_api.registration(uow))
-    ctx.subscribe(MEMORY_COMMANDS, streams.on_write_requested(uow_in))
+    summarizer = None
+    if settings.llm_base_url and settings.llm_model:
+        summarizer = OpenAICompatibleSummarizer(settings.llm_base_url, settings.llm_model,
+                                                settings.llm_api_key.get_secret_value())
+        ctx.closers.append(summarizer.close)
+    triggers = Triggers(turns=settings.memory_compress_turns, share=settings.memory_compress_share,
+                        window_tokens=settings.memory_context_window_tokens)
+    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers))
+    # Commands are taken in batches (one transaction per batch and tenant), not one by one through
+    # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
+    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),
+                             ctx.verifier, batch_size=ctx.settings.memory_batch_size,
+                             block_ms=ctx.settings.memory_batch_block_ms,
+                             # A command may hold a secret: once written (sealed), its entry is deleted, and a
+                             # dead-lettered one keeps only the redacted text.
+                             delete_handled=True, scrub=streams.scrub_command)
+    ctx.tasks.append(consumer.run)
+
+    policy = SweepPolicy(archive_after=timedelta(days=settings.memory_archive_after_days),
+                         half_life=timedelta(days=settings.memory_engagement_half_life_days))
+    ctx.subscribe(MEMORY_ACCESS, streams.on_access(uow_in, policy))
+    lease_client = redis.asyncio.from_url(settings.redis_url)
+    ctx.closers.append(lease_client.aclose)
+    lease = RedisLease(lease_client, ctx.bus.stream_name("mnemesh.memory-writer.sweeper"),
+                       ttl_ms=int(max(settings.memory_sweep_seconds * 3, 10) * 1000))
+    ctx.tasks.append(Sweeper(ctx.db, uow, lease, policy, every_seconds=settings.memory_sweep_seconds).run)

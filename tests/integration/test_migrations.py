@@ -12,14 +12,16 @@ pytestmark = pytest.mark.integration
 
 async def test_applying_twice_applies_nothing_the_second_time(database_url: str, schema: str) -> None:
     everything = load_migrations("services.memory_writer")
-    assert await apply_migrations(database_url, schema, everything) == [100, 101, 102]  # the shared ones came with `schema`
+    own = [m.version for m in everything if m.version >= 100]
+    assert own[:3] == [100, 101, 102]
+    assert await apply_migrations(database_url, schema, everything) == own  # the shared ones came with `schema`
     assert await apply_migrations(database_url, schema, everything) == []
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch(f"SELECT version FROM {schema}.schema_migrations ORDER BY version")
     finally:
         await conn.close()
-    assert [r[0] for r in rows] == [*(m.version for m in load_migrations()), 100, 101, 102]
+    assert [r[0] for r in rows] == [*(m.version for m in load_migrations()), *own]
 
 
 async def test_a_migration_edited_after_it_was_applied_is_refused(database_url: str, schema: str) -> None:

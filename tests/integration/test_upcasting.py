@@ -10,9 +10,8 @@ import anyio
 import pytest
 
 from libs.db import Database
-from libs.events import Envelope
+from libs.events import Envelope, upcasting
 from libs.events import schema as event_schema
-from libs.events import upcasting
 from libs.events.bus import EventBus
 from libs.eventstore import EventStore
 

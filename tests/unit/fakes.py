@@ -7,14 +7,16 @@ implements), and nothing more: no I/O, no clocks, no sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from libs.errors import Conflict
 from libs.eventstore import ANY_VERSION
-from services.memory_writer.domain import DomainEvent, MemoryRecord
+from services.memory_writer.domain import DomainEvent, MemoryRecord, Status
 from services.orchestrator.domain import Session, SessionEvent, Versioned
 from services.retriever.adapters.memory import InMemoryDocuments
 from services.retriever.adapters.vectors import payload_of
@@ -37,6 +39,8 @@ class MemoryDatabase:
     rows: dict[str, MemoryRecord] = field(default_factory=dict)
     streams: dict[str, list[DomainEvent]] = field(default_factory=dict)
     published: list[tuple[str, DomainEvent]] = field(default_factory=list)
+    schemas: dict[tuple[str, str], dict] = field(default_factory=dict)
+    user_keys: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, user) -> a key id
 
 
 class FakeUnitOfWork:
@@ -45,9 +49,11 @@ class FakeUnitOfWork:
     `fail_record` makes `record` raise, to exercise the rollback path.
     """
 
-    def __init__(self, db: MemoryDatabase, *, fail_record: Exception | None = None) -> None:
+    def __init__(self, db: MemoryDatabase, *, fail_record: Exception | None = None,
+                 fail_add_for: str | None = None) -> None:
         self.db = db
         self.fail_record = fail_record
+        self.fail_add_for = fail_add_for  # content whose add raises, as a store refusing a value would
         self.committed = False
         self.rolled_back = False
         self.events: list[tuple[str, DomainEvent]] = []  # recorded in this unit, committed or not
@@ -77,10 +83,68 @@ class FakeUnitOfWork:
 
     async def add(self, record: MemoryRecord) -> bool:
         assert record.memory_id not in self._rows, "memory ids are unique"
+        if self.fail_add_for is not None and record.content == self.fail_add_for:
+            raise ValueError(f"the store refuses {record.content!r}")
+        if record.key and record.status is Status.CURRENT:
+            assert not any(r.status is Status.CURRENT and (r.tenant_id, r.user_id, r.key) ==
+                           (record.tenant_id, record.user_id, record.key) for r in self._rows.values()), \
+                "one current value per entity key (the partial unique index)"
         if record.idempotency_key and await self.find_by_idempotency_key(record.tenant_id, record.idempotency_key):
             return False
+        if record.sensitive_kind:  # as the real adapter: only the redacted text in clear, the rest "sealed"
+            key = self.db.user_keys.setdefault((record.tenant_id, record.user_id), f"key-{len(self.db.user_keys)}")
+            record = replace(record, content=record.redacted, sealed=f"{key}|{record.content}".encode())
         self._rows[record.memory_id] = record
         return True
+
+    async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
+        return sum(1 for r in self._rows.values()
+                   if (r.tenant_id, r.user_id) == (tenant_id, user_id) and r.created_at >= since)
+
+    async def quarantined(self, tenant_id: str, user_id: str, limit: int) -> list[MemoryRecord]:
+        held = [r for r in self._rows.values() if r.tenant_id == tenant_id and r.status is Status.QUARANTINED
+                and (not user_id or r.user_id == user_id)]
+        return sorted(held, key=lambda r: r.created_at)[:limit]
+
+    async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        return next((r for r in sorted(self._rows.values(), key=lambda r: r.created_at)
+                     if (r.tenant_id, r.user_id, int(r.layer), r.content_digest) == (tenant_id, user_id, layer, digest)
+                     and r.status is Status.CURRENT), None)
+
+    async def merge_into(self, kept: MemoryRecord) -> None:
+        self._rows[kept.memory_id] = kept
+
+    async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
+                              buckets: list[str]) -> list[tuple[str, list[int]]]:
+        from services.memory_writer.domain.similarity import bands
+
+        wanted = set(buckets)
+        return [(r.memory_id, list(r.minhash)) for r in self._rows.values()
+                if (r.tenant_id, r.user_id, int(r.layer)) == (tenant_id, user_id, layer) and r.minhash
+                and r.status is Status.CURRENT and wanted & set(bands(list(r.minhash)))]
+
+    async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
+        covered = {d for r in self._rows.values() if "summary" in r.tags for d in r.derived_from}
+        return sorted((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.session_id) ==
+                       (tenant_id, user_id, session_id) and int(r.layer) == 1 and r.status is Status.CURRENT
+                       and r.memory_id not in covered), key=lambda r: r.created_at)
+
+    async def keyed_hash(self, tenant_id: str, value: str) -> str:
+        return f"hmac({tenant_id}:{value})"
+
+    async def reveal(self, record: MemoryRecord) -> str:
+        from libs.crypto import CryptoError
+
+        key, _, content = record.sealed.decode().partition("|")
+        if self.db.user_keys.get((record.tenant_id, record.user_id)) != key:
+            raise CryptoError("the user's key is gone")
+        return content
+
+    async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
+        return self.db.user_keys.pop((tenant_id, user_id), None) is not None
+
+    async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
+        return 2, sum(1 for t, _ in self.db.user_keys if t == tenant_id)
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         removed = [m for m in memory_ids if m in self._rows and self._rows[m].tenant_id == tenant_id]
@@ -90,6 +154,36 @@ class FakeUnitOfWork:
 
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
         return [r.memory_id for r in self._rows.values() if r.tenant_id == tenant_id and r.user_id == user_id]
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        rows, streams, events = dict(self._rows), {k: list(v) for k, v in self._streams.items()}, list(self.events)
+        try:
+            yield
+        except BaseException:
+            self._rows, self._streams, self.events = rows, streams, events
+            raise
+
+    async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:
+        return {k: self.db.schemas[(tenant_id, k)] for k in keys if (tenant_id, k) in self.db.schemas}
+
+    async def put_entity_schema(self, tenant_id: str, key: str, schema: dict) -> None:
+        self.db.schemas[(tenant_id, key)] = schema
+
+    async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
+        return next((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.key) == (tenant_id, user_id, key)
+                     and r.status is Status.CURRENT), None)
+
+    async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None:
+        self._rows[memory_id] = replace(self._rows[memory_id], status=Status.SUPERSEDED, superseded_by=by,
+                                        changed_at=at)
+
+    async def update(self, record: MemoryRecord) -> None:
+        self._rows[record.memory_id] = record
+
+    async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
+        return sorted((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.key) == (tenant_id, user_id, key)),
+                      key=lambda r: r.created_at)
 
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         if self.fail_record is not None:

@@ -83,10 +83,20 @@ def test_a_memory_without_a_confidence_gets_the_default_of_its_source(source: So
     assert new_memory(a_write(source=source), now=NOW).confidence is confidence
 
 
-def test_an_explicit_confidence_overrides_the_default_of_the_source() -> None:
-    record = new_memory(a_write(source=Source.THIRD_PARTY, confidence=Confidence.L1_STRONG), now=NOW)
-    assert record.confidence is Confidence.L1_STRONG
+def test_an_explicit_weaker_confidence_overrides_the_default_of_the_source() -> None:
+    record = new_memory(a_write(source=Source.USER_STATEMENT, confidence=Confidence.L2_MEDIUM), now=NOW)
+    assert record.confidence is Confidence.L2_MEDIUM
     assert record.expires_at is None
+
+
+@pytest.mark.parametrize(("source", "claimed"), [
+    (Source.THIRD_PARTY, Confidence.L1_STRONG), (Source.THIRD_PARTY, Confidence.L2_MEDIUM),
+    (Source.MODEL_INFERENCE, Confidence.L1_STRONG)])
+def test_a_source_cannot_claim_more_confidence_than_its_trust_allows(source, claimed) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        new_memory(a_write(source=source, confidence=claimed), now=NOW)
+    assert err.value.field == "confidence"
+    assert source.name.lower() in err.value.reason
 
 
 def test_a_weak_memory_expires_after_24_hours_by_default() -> None:
@@ -106,9 +116,10 @@ def test_a_strong_memory_does_not_expire_by_default() -> None:
 
 def test_a_step_memory_with_a_step_id_and_an_entity_memory_with_a_key_are_accepted() -> None:
     step = new_memory(a_write(layer=Layer.STEP, step_id="step-7"), now=NOW)
-    entity = new_memory(a_write(layer=Layer.ENTITY, key="user.phone"), now=NOW)
+    entity = new_memory(a_write(layer=Layer.ENTITY, key="user.phone", content="138 1234 5678"), now=NOW)
     assert (step.layer, step.step_id) == (Layer.STEP, "step-7")
     assert (entity.layer, entity.key) == (Layer.ENTITY, "user.phone")
+    assert entity.content == "13812345678"
 
 
 def test_content_is_stored_without_surrounding_whitespace_and_stamped_with_now() -> None:
@@ -160,10 +171,11 @@ async def test_the_same_idempotency_key_in_another_tenant_writes_a_new_memory(db
     assert not other.duplicate and other.memory_id != first.memory_id
 
 
-async def test_writes_without_an_idempotency_key_are_never_duplicates(db) -> None:
+async def test_different_writes_without_an_idempotency_key_are_never_duplicates(db) -> None:
     one = await write_memory(a_write(), FakeUnitOfWork(db))
-    two = await write_memory(a_write(), FakeUnitOfWork(db))
+    two = await write_memory(a_write(content="prefers green tea in the morning"), FakeUnitOfWork(db))
     assert not one.duplicate and not two.duplicate and one.memory_id != two.memory_id
+    # (the same content again is merged into the first: see test_memory_writer_dedup.py)
 
 
 async def test_an_invalid_write_touches_nothing(db) -> None:
@@ -186,7 +198,7 @@ async def test_a_write_whose_event_cannot_be_recorded_is_rolled_back_with_its_ro
 
 async def test_a_written_memory_can_be_read_back(db) -> None:
     result = await write_memory(a_write(), FakeUnitOfWork(db))
-    record = await get_memory(GetMemory("acme", result.memory_id), FakeUnitOfWork(db))
+    record, _ = await get_memory(GetMemory("acme", result.memory_id), FakeUnitOfWork(db))
     assert record.memory_id == result.memory_id and record.user_id == "u1"
 
 

@@ -21,7 +21,11 @@ from libs.validation import (
     visible,
 )
 
-REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,
+REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.WriteBatchRequest, memory_pb2.CorrectRequest,
+            memory_pb2.ConfirmRequest, memory_pb2.HistoryRequest, memory_pb2.RegisterEntitySchemaRequest,
+            memory_pb2.ListQuarantineRequest, memory_pb2.ReleaseRequest, memory_pb2.DropQuarantinedRequest,
+            memory_pb2.CompressSessionRequest,
+            memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,
             memory_pb2.SearchRequest, sessions_pb2.SendRequest, sessions_pb2.SubscribeRequest,
             sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,
             tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest,

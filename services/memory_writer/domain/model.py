@@ -11,8 +11,11 @@ from enum import IntEnum
 
 from libs.errors import ValidationFailed
 from libs.validation import check_content, check_tenant_id, visible
+from services.memory_writer.domain.entities import check_entity
+from services.memory_writer.domain.sensitive import find_sensitive
 
-__all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "WriteMemory", "WriteResult", "new_memory"]
+__all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
+           "new_memory"]
 
 MAX_CONTENT_CHARS = 16_000
 MAX_TAGS = 32
@@ -41,6 +44,31 @@ class Confidence(IntEnum):  # values mirror mnemesh.v1.Confidence
     L3_WEAK = 3
 
 
+class Status(IntEnum):  # values mirror mnemesh.v1.MemoryStatus
+    CURRENT = 1
+    CANDIDATE = 2  # a higher confidence level holds its key: kept, reported, never served
+    SUPERSEDED = 3  # a later value of its key replaced it: kept for History
+    QUARANTINED = 4  # held by the poisoning guard for review: never served
+    ARCHIVED = 5  # idle past the archive period: out of default search, kept
+
+
+class WriteStatus(IntEnum):  # values mirror mnemesh.v1.WriteStatus
+    STORED = 1
+    DUPLICATE = 2
+    CANDIDATE = 3
+    QUARANTINED = 5
+    MERGED = 6
+
+
+# Source trust (authoritative API > user statement > model inference > third party) bounds the level a
+# write may claim: a model inference is never "used without asking", a third party is only advisory.
+_STRONGEST_ALLOWED = {
+    Source.AUTHORITATIVE_API: Confidence.L1_STRONG,
+    Source.USER_STATEMENT: Confidence.L1_STRONG,
+    Source.MODEL_INFERENCE: Confidence.L2_MEDIUM,
+    Source.THIRD_PARTY: Confidence.L3_WEAK,
+}
+
 _DEFAULT_CONFIDENCE = {
     Source.AUTHORITATIVE_API: Confidence.L1_STRONG,
     Source.USER_STATEMENT: Confidence.L1_STRONG,
@@ -67,6 +95,8 @@ class WriteMemory:
     expires_at: datetime | None = None
     idempotency_key: str = ""
     attributes: dict = field(default_factory=dict)
+    reason: str = ""  # why (corrections); part of the write
+    written_by: str = ""  # the caller (token subject or producer); not part of the write's fingerprint
 
 
 @dataclass(frozen=True)
@@ -89,6 +119,28 @@ class MemoryRecord:
     attributes: dict
     engagement: float = 0.0
     request_hash: str = ""  # the fingerprint of the write that created it (see request_fingerprint)
+    status: Status = Status.CURRENT
+    superseded_by: str = ""
+    changed_at: datetime | None = None  # when it was superseded or confirmed
+    written_by: str = ""
+    reason: str = ""
+    # Sensitive memories: `content` is the plaintext only inside the writer; `redacted` is what may leave.
+    sensitive_kind: str = ""
+    redacted: str = ""
+    sensitive_values: tuple[str, ...] = ()  # found in the content; used for keyed hashes, never stored
+    sensitive_hashes: tuple[str, ...] = ()
+    content_hmac: str = ""  # keyed hash of the normalised content (sensitive memories)
+    sealed: bytes = b""  # the content under the user's data key, as stored and announced
+    quarantine_reasons: tuple[str, ...] = ()
+    content_digest: str = ""  # identical memories (normalised) share it; sensitive ones: their keyed hash
+    minhash: tuple[int, ...] = ()  # near duplicates: MinHash of the (redacted) content's shingles
+    near_duplicate_of: str = ""
+    merged_count: int = 0  # identical writes merged into this memory
+
+    @property
+    def must_confirm(self) -> bool:
+        """L2 (model inference): the agent must confirm it with the user before use."""
+        return self.confidence is Confidence.L2_MEDIUM
 
 
 @dataclass(frozen=True)
@@ -96,6 +148,11 @@ class WriteResult:
     memory_id: str
     duplicate: bool
     version: int
+    status: WriteStatus = WriteStatus.STORED
+    supersedes: str = ""
+    must_confirm: bool = False
+    quarantine_reasons: tuple[str, ...] = ()
+    near_duplicate_of: str = ""
 
 
 def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
@@ -109,14 +166,21 @@ def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
 
 def request_fingerprint(cmd: WriteMemory) -> str:
     """What makes two writes the same write: every field the caller chose, but the idempotency key."""
-    fields = {k: v for k, v in asdict(cmd).items() if k != "idempotency_key"}
+    fields = {k: v for k, v in asdict(cmd).items() if k not in ("idempotency_key", "written_by")}
+    if not fields["reason"]:
+        del fields["reason"]  # fingerprints of writes made before `reason` existed stay the same
     fields["expires_at"] = cmd.expires_at.isoformat() if cmd.expires_at else None
     canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=list)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
-    """Validate `cmd` and build the record; ValidationFailed names the first bad field."""
+def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,
+               contacts_sensitive: bool = False) -> MemoryRecord:
+    """Validate `cmd` and build the record; ValidationFailed names the first bad field.
+
+    `schema` is the JSON Schema the tenant registered for `cmd.key`, if any: it decides the
+    value's format instead of the built-in one.
+    """
     now = now or datetime.now(UTC)
     check_tenant_id(cmd.tenant_id, "tenant.tenant_id")
     if not visible(cmd.user_id):
@@ -133,6 +197,14 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
     if len(cmd.tags) > MAX_TAGS or any(not t or len(t) > 64 for t in cmd.tags):
         raise ValidationFailed(f"at most {MAX_TAGS} tags of 1 to 64 characters", field="tags")
     confidence = _enum(Confidence, cmd.confidence, "confidence") if cmd.confidence else _DEFAULT_CONFIDENCE[source]
+    allowed = _STRONGEST_ALLOWED[source]
+    if confidence < allowed:  # L1 < L2 < L3 in value, strongest first
+        raise ValidationFailed(
+            f"is {confidence.name}, but a {source.name.lower()} is at most {allowed.name}", field="confidence",
+            hint="leave confidence empty for the source's default; the user can Confirm the memory later")
+    if cmd.key:
+        content = check_entity(cmd.key, content, schema)
+    finding = find_sensitive(cmd.key, content, contacts=contacts_sensitive)
     expires_at = cmd.expires_at
     if expires_at is not None and expires_at <= now:
         raise ValidationFailed("is in the past", field="expires_at", hint="leave it empty for no expiry")
@@ -144,4 +216,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None) -> MemoryRecord:
         derived_from=tuple(cmd.derived_from), step_id=cmd.step_id, created_at=now, expires_at=expires_at,
         idempotency_key=cmd.idempotency_key, attributes=dict(cmd.attributes),
         request_hash=request_fingerprint(cmd) if cmd.idempotency_key else "",
+        written_by=cmd.written_by, reason=cmd.reason,
+        sensitive_kind=finding.kind if finding else "", redacted=finding.redacted if finding else "",
+        sensitive_values=finding.values if finding else (),
     )

@@ -2,30 +2,100 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import asyncpg
+from google.protobuf import json_format
+
 from libs.auth import current_principal
-from libs.protogen.mnemesh.v1 import memory_pb2, memory_pb2_grpc
+from libs.errors import DomainError, Internal, ValidationFailed
+from libs.logs import get_logger
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import Registration
-from services.memory_writer.adapters.mapping import command_from_proto, memory_to_proto
+from services.memory_writer.adapters.mapping import (
+    command_from_proto,
+    memory_to_proto,
+    result_to_proto,
+    timestamp,
+)
+from services.memory_writer.domain import WriteResult
+from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.service_layer import handlers
+from services.memory_writer.service_layer.compression import CompressSession, Summarizer, compress_session
 from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
 
-__all__ = ["registration"]
+__all__ = ["registration", "write_error"]
 
-SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget"}
+log = get_logger(__name__)
+DEFAULT_TRIGGERS = Triggers()
+
+SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
+          "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
+          "RegisterEntitySchema": "memory:admin", "ListQuarantine": "memory:admin", "Release": "memory:admin",
+          "Drop": "memory:admin", "CompressSession": "memory:write"}
+
+
+def _caller() -> str:
+    principal = current_principal.get()
+    return principal.subject if principal else ""
+
+
+def _may_see_sensitive() -> bool:
+    principal = current_principal.get()
+    return bool(principal and principal.has_scope(handlers.SENSITIVE_SCOPE))
+
+
+def write_error(exc: BaseException) -> DomainError:
+    """The structured error of one write of a batch (what the interceptor does for a whole call)."""
+    if isinstance(exc, DomainError):
+        return exc
+    if isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "")[:2] in ("22", "54"):
+        return ValidationFailed("the write holds a value the store cannot keep", field="content",
+                                hint="shorten or correct the values you sent; see the limits in the README")
+    log.error("write in a batch failed", exc_info=exc)
+    return Internal(f"internal error ({type(exc).__name__}); see the service log", retryable=True,
+                    hint="retry this write once; if it persists, report it")
+
+
+def _detail(error: DomainError) -> common_pb2.ErrorDetail:
+    return common_pb2.ErrorDetail(error_type=error.error_type, field=error.field, reason=error.reason,
+                                  retryable=error.retryable, hint=error.hint)
 
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
-    def __init__(self, uow: UnitOfWorkFactory) -> None:
-        self.uow = uow
+    def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
+                 triggers: Triggers = DEFAULT_TRIGGERS) -> None:
+        self.uow, self.summarizer, self.triggers = uow, summarizer, triggers
 
     async def Write(self, request, context):
-        result = await handlers.write_memory(command_from_proto(request), self.uow())
-        return memory_pb2.WriteMemoryResponse(memory_id=result.memory_id, duplicate=result.duplicate,
-                                              version=result.version)
+        result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow())
+        return result_to_proto(result)
+
+    async def WriteBatch(self, request, context):
+        if not request.writes:
+            raise ValidationFailed("is empty", field="writes", hint="send 1 to 500 writes")
+        tenant = request.tenant.tenant_id or request.writes[0].tenant.tenant_id
+        if not tenant:
+            raise ValidationFailed("is required", field="tenant.tenant_id", hint="say which tenant the writes are for")
+        caller = _caller()
+        outcomes = await handlers.write_batch([command_from_proto(w, caller) for w in request.writes], self.uow,
+                                              tenant_id=tenant)
+        results = []
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, WriteResult):
+                results.append(memory_pb2.WriteBatchResult(result=result_to_proto(outcome)))
+                continue
+            error = write_error(outcome)
+            detail = _detail(error)
+            detail.field = f"writes[{i}].{detail.field}" if detail.field else f"writes[{i}]"
+            results.append(memory_pb2.WriteBatchResult(
+                result=memory_pb2.WriteMemoryResponse(status=memory_pb2.WRITE_STATUS_FAILED), error=detail))
+        return memory_pb2.WriteBatchResponse(results=results)
 
     async def Get(self, request, context):
-        cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id)
-        return memory_pb2.GetMemoryResponse(memory=memory_to_proto(await handlers.get_memory(cmd, self.uow())))
+        cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id, reveal=_may_see_sensitive())
+        record, revealed = await handlers.get_memory(cmd, self.uow())
+        return memory_pb2.GetMemoryResponse(memory=memory_to_proto(record, revealed=revealed))
 
     async def Forget(self, request, context):
         principal = current_principal.get()
@@ -34,7 +104,72 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                     admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
         return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
 
+    async def Correct(self, request, context):
+        cmd = handlers.CorrectEntity(
+            tenant_id=request.tenant.tenant_id, user_id=request.tenant.user_id, session_id=request.tenant.session_id,
+            key=request.key, content=request.content, reason=request.reason,
+            source=request.source or handlers.CorrectEntity.source, layer=request.layer or handlers.CorrectEntity.layer,
+            idempotency_key=request.idempotency_key, requested_by=_caller())
+        result = await handlers.correct(cmd, self.uow())
+        return memory_pb2.CorrectResponse(memory_id=result.memory_id, supersedes=result.supersedes,
+                                          duplicate=result.duplicate)
 
-def registration(uow: UnitOfWorkFactory) -> Registration:
-    return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server, MemoryWriterServicer(uow),
-                        "mnemesh.v1.MemoryWriter", SCOPES)
+    async def Confirm(self, request, context):
+        cmd = handlers.ConfirmMemory(request.tenant.tenant_id, request.memory_id, request.reason, _caller())
+        record, supersedes = await handlers.confirm(cmd, self.uow())
+        return memory_pb2.ConfirmResponse(memory=memory_to_proto(record), supersedes=supersedes)
+
+    async def History(self, request, context):
+        cmd = handlers.KeyHistory(request.tenant.tenant_id, request.tenant.user_id or _caller(), request.key)
+        uow = self.uow()
+        records = await handlers.history(cmd, uow)
+        if _may_see_sensitive():
+            async with self.uow() as reader:
+                shown = await handlers.revealed(records, reader)
+        else:
+            shown = [(r, False) for r in records]
+        entries = [memory_pb2.HistoryEntry(memory=memory_to_proto(r, revealed=rev), superseded_by=r.superseded_by,
+                                           changed_at=timestamp(r.changed_at), changed_by=r.written_by, reason=r.reason)
+                   for r, rev in shown]
+        return memory_pb2.HistoryResponse(entries=entries)
+
+    async def RegisterEntitySchema(self, request, context):
+        cmd = handlers.RegisterEntitySchema(request.tenant.tenant_id, request.key,
+                                            json_format.MessageToDict(request.schema))
+        await handlers.register_entity_schema(cmd, self.uow())
+        return memory_pb2.RegisterEntitySchemaResponse()
+
+    async def ListQuarantine(self, request, context):
+        cmd = handlers.ListQuarantine(request.tenant.tenant_id, request.tenant.user_id, request.limit)
+        records = await handlers.list_quarantine(cmd, self.uow())
+        if _may_see_sensitive():
+            async with self.uow() as reader:
+                shown = await handlers.revealed(records, reader)
+        else:
+            shown = [(r, False) for r in records]
+        return memory_pb2.ListQuarantineResponse(memories=[
+            memory_pb2.QuarantinedMemory(memory=memory_to_proto(r, revealed=rev), reasons=list(r.quarantine_reasons))
+            for r, rev in shown])
+
+    async def Release(self, request, context):
+        cmd = handlers.ReleaseQuarantined(request.tenant.tenant_id, request.memory_id, request.reason, _caller())
+        return memory_pb2.ReleaseResponse(result=result_to_proto(await handlers.release(cmd, self.uow())))
+
+    async def Drop(self, request, context):
+        cmd = handlers.DropQuarantined(request.tenant.tenant_id, request.memory_id, request.reason)
+        return memory_pb2.DropQuarantinedResponse(dropped=await handlers.drop(cmd, self.uow()))
+
+    async def CompressSession(self, request, context):
+        triggers = replace(self.triggers, window_tokens=request.window_tokens or self.triggers.window_tokens)
+        cmd = CompressSession(request.tenant.tenant_id, request.tenant.user_id or _caller(),
+                              request.tenant.session_id, request.strategy or "extractive", request.force, triggers)
+        done = await compress_session(cmd, self.uow(), self.summarizer)
+        return memory_pb2.CompressSessionResponse(
+            compressed=bool(done.summary_memory_id), trigger=done.trigger, summary_memory_id=done.summary_memory_id,
+            covered=list(done.covered), tokens_before=done.tokens_before, tokens_after=done.tokens_after)
+
+
+def registration(uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
+                 triggers: Triggers = DEFAULT_TRIGGERS) -> Registration:
+    return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server,
+                        MemoryWriterServicer(uow, summarizer, triggers), "mnemesh.v1.MemoryWriter", SCOPES)

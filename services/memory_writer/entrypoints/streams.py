@@ -1,22 +1,80 @@
-"""The memory commands stream: each event becomes a WriteMemory command, like a gRPC Write."""
+"""The memory commands stream, in batches: each entry becomes a WriteMemory command, like a gRPC Write.
+
+The BatchConsumer (libs/events/batches.py) reads, admits and groups the entries by tenant and
+opens the transaction; this handler turns one tenant's envelopes into commands, writes them
+through the batch pipeline in that transaction, and answers one outcome per envelope.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC
 
 import asyncpg
 
+from libs.errors import DomainError
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
-from services.memory_writer.service_layer import handlers
+from services.memory_writer.domain import WriteMemory
+from services.memory_writer.domain.sensitive import find_sensitive
+from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_write_requested"]
+__all__ = ["on_access", "on_write_batch", "scrub_command"]
+
+PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
 
-def on_write_requested(uow_for: Callable[[asyncpg.Connection, Envelope], UnitOfWork]):
-    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
-        await handlers.write_memory(command_from_proto(envelope.message()), uow_for(conn, envelope),
-                                    on_behalf_of=envelope.tenant_id)
+def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
+    async def handle(tenant_id: str, envelopes: list[Envelope],
+                     conn: asyncpg.Connection) -> Sequence[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(envelopes)
+        cmds: list[WriteMemory] = []
+        index: list[int] = []
+        for i, envelope in enumerate(envelopes):
+            try:
+                cmds.append(command_from_proto(envelope.message(), written_by=PRODUCER))
+                index.append(i)
+            except DomainError as exc:
+                outcomes[i] = exc
+        uow = uow_for(conn)
+
+        def caused_by(i: int) -> None:
+            uow.causation = envelopes[index[i]]
+
+        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by)
+        for i, result in zip(index, results, strict=True):
+            outcomes[i] = result if isinstance(result, BaseException) else None
+        return outcomes
 
     return handle
+
+
+def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkeep.SweepPolicy):
+    """MemoryAccessed from the retriever: the memories' engagement rises (after decaying to the access time)."""
+
+    async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
+        message = envelope.message()
+        at = message.accessed_at.ToDatetime(tzinfo=UTC) if message.HasField("accessed_at") else envelope.occurred_at
+        await upkeep.record_access(envelope.tenant_id, list(message.memory_ids), at, uow_for(conn), policy)
+
+    return handle
+
+
+def scrub_command(fields: dict[str, str]) -> dict[str, str]:
+    """A command's fields as a dead letter may keep them: sensitive values in its content redacted.
+
+    (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
+    """
+    try:
+        payload = json.loads(fields.get("payload", ""))
+    except ValueError:
+        return fields
+    if not isinstance(payload, dict) or not isinstance(payload.get("content"), str):
+        return fields
+    finding = find_sensitive(str(payload.get("key", "")), payload["content"])
+    if finding is None:
+        return fields
+    payload["content"] = finding.redacted
+    return {**fields, "payload": json.dumps(payload, ensure_ascii=False)}

@@ -4,64 +4,83 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from libs.errors import IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
+from libs.crypto import CryptoError
+from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
-from services.memory_writer.domain import (
-    MemoryForgotten,
-    MemoryRecord,
-    MemoryWritten,
-    WriteMemory,
-    WriteResult,
-    new_memory,
+from services.memory_writer.domain import MemoryForgotten, MemoryRecord
+from services.memory_writer.service_layer.quarantine import (
+    DropQuarantined,
+    ListQuarantine,
+    ReleaseQuarantined,
+    drop,
+    list_quarantine,
+    release,
 )
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
+from services.memory_writer.service_layer.writes import (
+    ConfirmMemory,
+    CorrectEntity,
+    KeyHistory,
+    RegisterEntitySchema,
+    confirm,
+    correct,
+    history,
+    register_entity_schema,
+    write_batch,
+    write_memory,
+)
 
-__all__ = ["ADMIN_SCOPE", "ForgetMemory", "GetMemory", "forget", "get_memory", "write_memory"]
-
-
-async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "") -> WriteResult:
-    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
-    if on_behalf_of:
-        if cmd.tenant_id and cmd.tenant_id != on_behalf_of:
-            raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {on_behalf_of!r}",
-                                   field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
-        cmd = replace(cmd, tenant_id=on_behalf_of)
-    record = new_memory(cmd)
-    async with uow:
-        if cmd.idempotency_key:
-            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
-            if existing:
-                return _retried(existing, record)
-        if not await uow.add(record):  # a concurrent write with the same key got there first
-            existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
-            return _retried(existing, record)
-        version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
-    return WriteResult(record.memory_id, duplicate=False, version=version)
+__all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
+           "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
+           "RegisterEntitySchema", "confirm", "correct", "forget", "get_memory", "history", "register_entity_schema",
+           "write_batch", "write_memory"]
 
 
-def _retried(existing: MemoryRecord, record: MemoryRecord) -> WriteResult:
-    """The answer to a write whose idempotency key is taken: the first result for a true retry,
-    a refusal for a different write under the same key (never a silent drop of the new content)."""
-    if existing.request_hash and existing.request_hash != record.request_hash:
-        raise IdempotencyKeyReused(
-            "was already used for a different write", field="idempotency_key",
-            hint="use a new idempotency key for new content; reuse a key only to retry the same write")
-    return WriteResult(existing.memory_id, duplicate=True, version=1)
+SENSITIVE_SCOPE = "memory:sensitive"
 
 
 @dataclass(frozen=True)
 class GetMemory:
     tenant_id: str
     memory_id: str
+    reveal: bool = False  # the caller holds memory:sensitive: sensitive content is decrypted for it
 
 
-async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> MemoryRecord:
+async def revealed(records: list[MemoryRecord], uow: UnitOfWork) -> list[tuple[MemoryRecord, bool]]:
+    """Each record with its sensitive content opened, and whether it was (not when its key is gone)."""
+    out = []
+    for record in records:
+        if not record.sensitive_kind:
+            out.append((record, False))
+            continue
+        try:
+            out.append((replace(record, content=await uow.reveal(record)), True))
+        except CryptoError:
+            out.append((record, False))  # crypto-shredded: only the redacted text is left
+    return out
+
+
+async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> tuple[MemoryRecord, bool]:
+    """The memory, and whether its sensitive content was revealed (else the redacted text is shown)."""
     async with uow:
         record = await uow.get(cmd.tenant_id, cmd.memory_id)
-    if record is None:
-        raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
-                       hint="check the id; forgotten and expired memories are gone")
-    return record
+        if record is None:
+            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+                           hint="check the id; forgotten and expired memories are gone")
+        if cmd.reveal:
+            return (await revealed([record], uow))[0]
+    return record, False
+
+
+@dataclass(frozen=True)
+class RotateTenantKey:
+    tenant_id: str
+
+
+async def rotate_tenant_key(cmd: RotateTenantKey, uow: UnitOfWork) -> tuple[int, int]:
+    """Re-wrap every user data key of the tenant under a new tenant key; content stays as it is."""
+    async with uow:
+        return await uow.rotate_tenant_key(cmd.tenant_id)
 
 
 ADMIN_SCOPE = "memory:admin"
@@ -103,6 +122,10 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
                 _may_forget(cmd, record.user_id)
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)
+        if not cmd.memory_id:
+            # Crypto-shredding: whatever copies of the user's sealed content remain (event store,
+            # outbox history, stream entries, backups) can never be opened again.
+            await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
         if removed:
             ids = removed
             stream = f"memory-{cmd.memory_id}" if cmd.memory_id else f"memory-user-{cmd.tenant_id}-{cmd.user_id}"

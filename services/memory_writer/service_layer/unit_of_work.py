@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from services.memory_writer.domain import DomainEvent, MemoryRecord
@@ -26,6 +28,66 @@ class UnitOfWork(Protocol):
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]: ...
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         """Append `event` to the event store and the outbox in this unit's transaction; return the version."""
+        ...
+    def savepoint(self) -> AbstractAsyncContextManager[None]:
+        """A nested transaction: what happens inside is undone alone when the block raises."""
+        ...
+    async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:
+        """The JSON Schemas the tenant registered, of those of `keys` that have one.
+
+        Call it first in a unit: it states the unit's tenant outside any savepoint."""
+        ...
+    async def put_entity_schema(self, tenant_id: str, key: str, schema: dict) -> None: ...
+    async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
+        """The current value of an entity key; holds the key until the unit ends (no concurrent change)."""
+        ...
+    async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None: ...
+    async def update(self, record: MemoryRecord) -> None:
+        """Store the confidence, status, expiry, change time, reason and quarantine reasons of a memory."""
+        ...
+    async def history(self, tenant_id: str, user_id: str, key: str) -> list[MemoryRecord]:
+        """Every value of the key, oldest first."""
+        ...
+    async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
+        """How many memories the user wrote since `since` (the guard's burst signal)."""
+        ...
+    async def quarantined(self, tenant_id: str, user_id: str, limit: int) -> list[MemoryRecord]:
+        """Quarantined memories, oldest first (of one user when `user_id`)."""
+        ...
+    async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        """A current memory of the user and layer with this content digest (locked until the unit ends)."""
+        ...
+    async def merge_into(self, kept: MemoryRecord) -> None:
+        """Store a merged memory's engagement, merge count, tags and provenance."""
+        ...
+    async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
+                              buckets: list[str]) -> list[tuple[str, list[int]]]:
+        """(memory id, MinHash) of current memories of the user and layer sharing an LSH bucket."""
+        ...
+    async def take_expired(self, tenant_id: str, now: datetime, limit: int) -> list[str]:
+        """Delete up to `limit` memories whose expires_at has passed; return their ids (each row once, even
+        under concurrent sweepers)."""
+        ...
+    async def archive_idle(self, tenant_id: str, idle_since: datetime, limit: int) -> list[str]:
+        """Archive up to `limit` current memories not accessed (nor written) since `idle_since`."""
+        ...
+    async def touch(self, tenant_id: str, memory_ids: list[str], at: datetime, half_life: timedelta) -> int:
+        """Record an access: engagement decayed to `at`, plus one; archived memories become current."""
+        ...
+    async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
+        """The session layer's current memories of a session that no summary covers yet, oldest first."""
+        ...
+    async def keyed_hash(self, tenant_id: str, value: str) -> str:
+        """HMAC of `value` under the tenant's search key (exact matches without the plaintext)."""
+        ...
+    async def reveal(self, record: MemoryRecord) -> str:
+        """The plaintext of a sensitive record (KeyShredded once its user was forgotten)."""
+        ...
+    async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
+        """Destroy the user's data key (crypto-shredding); False when there was none."""
+        ...
+    async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
+        """A new tenant key version, user keys re-wrapped; returns (version, keys re-wrapped)."""
         ...
 
 

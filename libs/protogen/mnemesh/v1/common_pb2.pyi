@@ -36,6 +36,15 @@ class SourceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SOURCE_KIND_USER_STATEMENT: _ClassVar[SourceKind]
     SOURCE_KIND_MODEL_INFERENCE: _ClassVar[SourceKind]
     SOURCE_KIND_THIRD_PARTY: _ClassVar[SourceKind]
+
+class MemoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_STATUS_UNSPECIFIED: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_CURRENT: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_CANDIDATE: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_SUPERSEDED: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_QUARANTINED: _ClassVar[MemoryStatus]
+    MEMORY_STATUS_ARCHIVED: _ClassVar[MemoryStatus]
 MEMORY_LAYER_UNSPECIFIED: MemoryLayer
 MEMORY_LAYER_SESSION: MemoryLayer
 MEMORY_LAYER_STEP: MemoryLayer
@@ -52,6 +61,12 @@ SOURCE_KIND_AUTHORITATIVE_API: SourceKind
 SOURCE_KIND_USER_STATEMENT: SourceKind
 SOURCE_KIND_MODEL_INFERENCE: SourceKind
 SOURCE_KIND_THIRD_PARTY: SourceKind
+MEMORY_STATUS_UNSPECIFIED: MemoryStatus
+MEMORY_STATUS_CURRENT: MemoryStatus
+MEMORY_STATUS_CANDIDATE: MemoryStatus
+MEMORY_STATUS_SUPERSEDED: MemoryStatus
+MEMORY_STATUS_QUARANTINED: MemoryStatus
+MEMORY_STATUS_ARCHIVED: MemoryStatus
 
 class TenantContext(_message.Message):
     __slots__ = ("tenant_id", "user_id", "session_id")
@@ -78,7 +93,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, error_type: _Optional[str] = ..., field: _Optional[str] = ..., reason: _Optional[str] = ..., retryable: _Optional[bool] = ..., hint: _Optional[str] = ...) -> None: ...
 
 class Memory(_message.Message):
-    __slots__ = ("memory_id", "tenant", "layer", "source", "content", "key", "created_at", "expires_at", "confidence", "engagement", "tags", "derived_from", "step_id", "attributes")
+    __slots__ = ("memory_id", "tenant", "layer", "source", "content", "key", "created_at", "expires_at", "confidence", "engagement", "tags", "derived_from", "step_id", "attributes", "status", "must_confirm", "sensitive_kind", "sealed_content", "sensitive_hashes", "near_duplicate_of", "merged_count")
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +108,13 @@ class Memory(_message.Message):
     DERIVED_FROM_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    SENSITIVE_KIND_FIELD_NUMBER: _ClassVar[int]
+    SEALED_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SENSITIVE_HASHES_FIELD_NUMBER: _ClassVar[int]
+    NEAR_DUPLICATE_OF_FIELD_NUMBER: _ClassVar[int]
+    MERGED_COUNT_FIELD_NUMBER: _ClassVar[int]
     memory_id: str
     tenant: TenantContext
     layer: MemoryLayer
@@ -107,7 +129,14 @@ class Memory(_message.Message):
     derived_from: _containers.RepeatedScalarFieldContainer[str]
     step_id: str
     attributes: _struct_pb2.Struct
-    def __init__(self, memory_id: _Optional[str] = ..., tenant: _Optional[_Union[TenantContext, _Mapping]] = ..., layer: _Optional[_Union[MemoryLayer, str]] = ..., source: _Optional[_Union[SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., engagement: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    status: MemoryStatus
+    must_confirm: bool
+    sensitive_kind: str
+    sealed_content: bytes
+    sensitive_hashes: _containers.RepeatedScalarFieldContainer[str]
+    near_duplicate_of: str
+    merged_count: int
+    def __init__(self, memory_id: _Optional[str] = ..., tenant: _Optional[_Union[TenantContext, _Mapping]] = ..., layer: _Optional[_Union[MemoryLayer, str]] = ..., source: _Optional[_Union[SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., engagement: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., status: _Optional[_Union[MemoryStatus, str]] = ..., must_confirm: _Optional[bool] = ..., sensitive_kind: _Optional[str] = ..., sealed_content: _Optional[bytes] = ..., sensitive_hashes: _Optional[_Iterable[str]] = ..., near_duplicate_of: _Optional[str] = ..., merged_count: _Optional[int] = ...) -> None: ...
 
 class ToolSpec(_message.Message):
     __slots__ = ("name", "description", "input_schema", "output_schema", "version", "scopes", "timeout_seconds", "retries", "fallback", "requires", "examples", "backend")

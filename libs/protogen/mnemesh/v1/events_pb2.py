@@ -28,7 +28,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from libs.protogen.mnemesh.v1 import common_pb2 as mnemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xbb\x02\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x0f\n\x07\x63ontext\x18\n \x01(\t\x12*\n\targuments\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tserved_by\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\x05\"\xa8\x01\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08handling\x18\x05 \x01(\t\x12\x0f\n\x07task_id\x18\x06 \x01(\t\x12\x11\n\tcitations\x18\x07 \x03(\t\"\x87\x01\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\"w\n\x12SessionTaskStarted\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x17\n\x0fmessage_version\x18\x04 \x01(\x03\"o\n\x10SessionTaskEnded\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"|\n\x11SessionSlotFilled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\"\xb9\x01\n\x13SessionDecisionMade\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06intent\x18\x05 \x01(\t\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x07 \x01(\t\x12\x0c\n\x04text\x18\x08 \x01(\t\"\x9c\x01\n\x14SessionActionStarted\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\taction_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"\x9c\x01\n\x15SessionActionFinished\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\taction_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mnemesh/v1/events.proto\x12\nmnemesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mnemesh/v1/common.proto\"\xe5\x01\n\rEventEnvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63orrelation_id\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x0f\n\x07payload\x18\t \x01(\t\"D\n\rMemoryWritten\x12\"\n\x06memory\x18\x01 \x01(\x0b\x32\x12.mnemesh.v1.Memory\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xcd\x01\n\x0fMemoryCorrected\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x15\n\rold_memory_id\x18\x03 \x01(\t\x12\x15\n\rnew_memory_id\x18\x04 \x01(\t\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x30\n\x0c\x63orrected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\x0fMemoryConfirmed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12*\n\nconfidence\x18\x04 \x01(\x0e\x32\x16.mnemesh.v1.Confidence\x12\x12\n\nsupersedes\x18\x05 \x01(\t\x12\x12\n\nchanged_by\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcb\x01\n\x11MemoryQuarantined\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12&\n\x05layer\x18\x04 \x01(\x0e\x32\x17.mnemesh.v1.MemoryLayer\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\x32\n\x0equarantined_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\x0eMemoryReleased\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x13\n\x0breleased_by\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xc2\x01\n\x0cMemoryMerged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12&\n\x06source\x18\x03 \x01(\x0e\x32\x16.mnemesh.v1.SourceKind\x12\x14\n\x0c\x64\x65rived_from\x18\x04 \x03(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x14\n\x0cmerged_count\x18\x06 \x01(\x05\x12\x12\n\nengagement\x18\x07 \x01(\x01\"~\n\rMemoryExpired\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12.\n\nexpired_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x80\x01\n\x0eMemoryArchived\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61rchived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc5\x01\n\x11SessionCompressed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x19\n\x11summary_memory_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63overed_memory_ids\x18\x03 \x03(\t\x12\x10\n\x08strategy\x18\x04 \x01(\t\x12\x0f\n\x07trigger\x18\x05 \x01(\t\x12\x15\n\rtokens_before\x18\x06 \x01(\x05\x12\x14\n\x0ctokens_after\x18\x07 \x01(\x05\"`\n\x0fMemoryForgotten\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x80\x01\n\x0eMemoryAccessed\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12/\n\x0b\x61\x63\x63\x65ssed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"4\n\x0eToolRegistered\x12\"\n\x04tool\x18\x01 \x01(\x0b\x32\x14.mnemesh.v1.ToolSpec\"\xbb\x02\n\nToolCalled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x13\n\x0b\x61rgs_sha256\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x12\n\nlatency_ms\x18\x08 \x01(\x01\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.mnemesh.v1.ErrorDetail\x12\x0f\n\x07\x63ontext\x18\n \x01(\t\x12*\n\targuments\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tserved_by\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\x05\"\xa8\x01\n\x16SessionMessageAppended\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08handling\x18\x05 \x01(\t\x12\x0f\n\x07task_id\x18\x06 \x01(\t\x12\x11\n\tcitations\x18\x07 \x03(\t\"\x87\x01\n\x13SessionStateChanged\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x12\n\nfrom_state\x18\x02 \x01(\t\x12\x10\n\x08to_state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\"w\n\x12SessionTaskStarted\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x17\n\x0fmessage_version\x18\x04 \x01(\x03\"o\n\x10SessionTaskEnded\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"|\n\x11SessionSlotFilled\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\"\xb9\x01\n\x13SessionDecisionMade\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06intent\x18\x05 \x01(\t\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x07 \x01(\t\x12\x0c\n\x04text\x18\x08 \x01(\t\"\x9c\x01\n\x14SessionActionStarted\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\taction_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"\x9c\x01\n\x15SessionActionFinished\x12)\n\x06tenant\x18\x01 \x01(\x0b\x32\x19.mnemesh.v1.TenantContext\x12\x11\n\taction_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,28 +39,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTENVELOPE']._serialized_end=357
   _globals['_MEMORYWRITTEN']._serialized_start=359
   _globals['_MEMORYWRITTEN']._serialized_end=427
-  _globals['_MEMORYFORGOTTEN']._serialized_start=429
-  _globals['_MEMORYFORGOTTEN']._serialized_end=525
-  _globals['_MEMORYACCESSED']._serialized_start=528
-  _globals['_MEMORYACCESSED']._serialized_end=656
-  _globals['_TOOLREGISTERED']._serialized_start=658
-  _globals['_TOOLREGISTERED']._serialized_end=710
-  _globals['_TOOLCALLED']._serialized_start=713
-  _globals['_TOOLCALLED']._serialized_end=1028
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=1031
-  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=1199
-  _globals['_SESSIONSTATECHANGED']._serialized_start=1202
-  _globals['_SESSIONSTATECHANGED']._serialized_end=1337
-  _globals['_SESSIONTASKSTARTED']._serialized_start=1339
-  _globals['_SESSIONTASKSTARTED']._serialized_end=1458
-  _globals['_SESSIONTASKENDED']._serialized_start=1460
-  _globals['_SESSIONTASKENDED']._serialized_end=1571
-  _globals['_SESSIONSLOTFILLED']._serialized_start=1573
-  _globals['_SESSIONSLOTFILLED']._serialized_end=1697
-  _globals['_SESSIONDECISIONMADE']._serialized_start=1700
-  _globals['_SESSIONDECISIONMADE']._serialized_end=1885
-  _globals['_SESSIONACTIONSTARTED']._serialized_start=1888
-  _globals['_SESSIONACTIONSTARTED']._serialized_end=2044
-  _globals['_SESSIONACTIONFINISHED']._serialized_start=2047
-  _globals['_SESSIONACTIONFINISHED']._serialized_end=2203
+  _globals['_MEMORYCORRECTED']._serialized_start=430
+  _globals['_MEMORYCORRECTED']._serialized_end=635
+  _globals['_MEMORYCONFIRMED']._serialized_start=638
+  _globals['_MEMORYCONFIRMED']._serialized_end=878
+  _globals['_MEMORYQUARANTINED']._serialized_start=881
+  _globals['_MEMORYQUARANTINED']._serialized_end=1084
+  _globals['_MEMORYRELEASED']._serialized_start=1086
+  _globals['_MEMORYRELEASED']._serialized_end=1201
+  _globals['_MEMORYMERGED']._serialized_start=1204
+  _globals['_MEMORYMERGED']._serialized_end=1398
+  _globals['_MEMORYEXPIRED']._serialized_start=1400
+  _globals['_MEMORYEXPIRED']._serialized_end=1526
+  _globals['_MEMORYARCHIVED']._serialized_start=1529
+  _globals['_MEMORYARCHIVED']._serialized_end=1657
+  _globals['_SESSIONCOMPRESSED']._serialized_start=1660
+  _globals['_SESSIONCOMPRESSED']._serialized_end=1857
+  _globals['_MEMORYFORGOTTEN']._serialized_start=1859
+  _globals['_MEMORYFORGOTTEN']._serialized_end=1955
+  _globals['_MEMORYACCESSED']._serialized_start=1958
+  _globals['_MEMORYACCESSED']._serialized_end=2086
+  _globals['_TOOLREGISTERED']._serialized_start=2088
+  _globals['_TOOLREGISTERED']._serialized_end=2140
+  _globals['_TOOLCALLED']._serialized_start=2143
+  _globals['_TOOLCALLED']._serialized_end=2458
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_start=2461
+  _globals['_SESSIONMESSAGEAPPENDED']._serialized_end=2629
+  _globals['_SESSIONSTATECHANGED']._serialized_start=2632
+  _globals['_SESSIONSTATECHANGED']._serialized_end=2767
+  _globals['_SESSIONTASKSTARTED']._serialized_start=2769
+  _globals['_SESSIONTASKSTARTED']._serialized_end=2888
+  _globals['_SESSIONTASKENDED']._serialized_start=2890
+  _globals['_SESSIONTASKENDED']._serialized_end=3001
+  _globals['_SESSIONSLOTFILLED']._serialized_start=3003
+  _globals['_SESSIONSLOTFILLED']._serialized_end=3127
+  _globals['_SESSIONDECISIONMADE']._serialized_start=3130
+  _globals['_SESSIONDECISIONMADE']._serialized_end=3315
+  _globals['_SESSIONACTIONSTARTED']._serialized_start=3318
+  _globals['_SESSIONACTIONSTARTED']._serialized_end=3474
+  _globals['_SESSIONACTIONFINISHED']._serialized_start=3477
+  _globals['_SESSIONACTIONFINISHED']._serialized_end=3633
 # @@protoc_insertion_point(module_scope)

@@ -42,6 +42,128 @@ class MemoryWritten(_message.Message):
     version: int
     def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
+class MemoryCorrected(_message.Message):
+    __slots__ = ("tenant", "key", "old_memory_id", "new_memory_id", "changed_by", "reason", "corrected_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OLD_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    old_memory_id: str
+    new_memory_id: str
+    changed_by: str
+    reason: str
+    corrected_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., old_memory_id: _Optional[str] = ..., new_memory_id: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., corrected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryConfirmed(_message.Message):
+    __slots__ = ("tenant", "memory_id", "key", "confidence", "supersedes", "changed_by", "reason", "expires_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    key: str
+    confidence: _common_pb2.Confidence
+    supersedes: str
+    changed_by: str
+    reason: str
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., supersedes: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryQuarantined(_message.Message):
+    __slots__ = ("tenant", "memory_id", "key", "layer", "reasons", "quarantined_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    key: str
+    layer: _common_pb2.MemoryLayer
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    quarantined_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryReleased(_message.Message):
+    __slots__ = ("tenant", "memory_id", "released_by", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    released_by: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., released_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MemoryMerged(_message.Message):
+    __slots__ = ("tenant", "memory_id", "source", "derived_from", "tags", "merged_count", "engagement")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MERGED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENGAGEMENT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    source: _common_pb2.SourceKind
+    derived_from: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    merged_count: int
+    engagement: float
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., merged_count: _Optional[int] = ..., engagement: _Optional[float] = ...) -> None: ...
+
+class MemoryExpired(_message.Message):
+    __slots__ = ("tenant", "memory_ids", "expired_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    expired_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class MemoryArchived(_message.Message):
+    __slots__ = ("tenant", "memory_ids", "archived_at")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    archived_at: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., archived_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SessionCompressed(_message.Message):
+    __slots__ = ("tenant", "summary_memory_id", "covered_memory_ids", "strategy", "trigger", "tokens_before", "tokens_after")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    COVERED_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    summary_memory_id: str
+    covered_memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    strategy: str
+    trigger: str
+    tokens_before: int
+    tokens_after: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., summary_memory_id: _Optional[str] = ..., covered_memory_ids: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., trigger: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ...) -> None: ...
+
 class MemoryForgotten(_message.Message):
     __slots__ = ("tenant", "memory_ids", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -5,12 +5,30 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from libs.protogen.mnemesh.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class WriteStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WRITE_STATUS_UNSPECIFIED: _ClassVar[WriteStatus]
+    WRITE_STATUS_STORED: _ClassVar[WriteStatus]
+    WRITE_STATUS_DUPLICATE: _ClassVar[WriteStatus]
+    WRITE_STATUS_CANDIDATE: _ClassVar[WriteStatus]
+    WRITE_STATUS_FAILED: _ClassVar[WriteStatus]
+    WRITE_STATUS_MERGED: _ClassVar[WriteStatus]
+    WRITE_STATUS_QUARANTINED: _ClassVar[WriteStatus]
+WRITE_STATUS_UNSPECIFIED: WriteStatus
+WRITE_STATUS_STORED: WriteStatus
+WRITE_STATUS_DUPLICATE: WriteStatus
+WRITE_STATUS_CANDIDATE: WriteStatus
+WRITE_STATUS_FAILED: WriteStatus
+WRITE_STATUS_MERGED: WriteStatus
+WRITE_STATUS_QUARANTINED: WriteStatus
 
 class WriteMemoryRequest(_message.Message):
     __slots__ = ("tenant", "layer", "source", "content", "key", "confidence", "tags", "derived_from", "step_id", "expires_at", "idempotency_key", "attributes")
@@ -41,14 +59,216 @@ class WriteMemoryRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WriteMemoryResponse(_message.Message):
-    __slots__ = ("memory_id", "duplicate", "version")
+    __slots__ = ("memory_id", "duplicate", "version", "status", "supersedes", "must_confirm", "quarantine_reasons", "near_duplicate_of")
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
+    MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    NEAR_DUPLICATE_OF_FIELD_NUMBER: _ClassVar[int]
     memory_id: str
     duplicate: bool
     version: int
-    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+    status: WriteStatus
+    supersedes: str
+    must_confirm: bool
+    quarantine_reasons: _containers.RepeatedScalarFieldContainer[str]
+    near_duplicate_of: str
+    def __init__(self, memory_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., version: _Optional[int] = ..., status: _Optional[_Union[WriteStatus, str]] = ..., supersedes: _Optional[str] = ..., must_confirm: _Optional[bool] = ..., quarantine_reasons: _Optional[_Iterable[str]] = ..., near_duplicate_of: _Optional[str] = ...) -> None: ...
+
+class WriteBatchRequest(_message.Message):
+    __slots__ = ("writes", "tenant")
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    writes: _containers.RepeatedCompositeFieldContainer[WriteMemoryRequest]
+    tenant: _common_pb2.TenantContext
+    def __init__(self, writes: _Optional[_Iterable[_Union[WriteMemoryRequest, _Mapping]]] = ..., tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ...) -> None: ...
+
+class WriteBatchResult(_message.Message):
+    __slots__ = ("result", "error")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    result: WriteMemoryResponse
+    error: _common_pb2.ErrorDetail
+    def __init__(self, result: _Optional[_Union[WriteMemoryResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class WriteBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[WriteBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[WriteBatchResult, _Mapping]]] = ...) -> None: ...
+
+class CorrectRequest(_message.Message):
+    __slots__ = ("tenant", "key", "content", "reason", "source", "idempotency_key", "layer")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    content: str
+    reason: str
+    source: _common_pb2.SourceKind
+    idempotency_key: str
+    layer: _common_pb2.MemoryLayer
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., content: _Optional[str] = ..., reason: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., idempotency_key: _Optional[str] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ...) -> None: ...
+
+class CorrectResponse(_message.Message):
+    __slots__ = ("memory_id", "supersedes", "duplicate")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    supersedes: str
+    duplicate: bool
+    def __init__(self, memory_id: _Optional[str] = ..., supersedes: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class ConfirmRequest(_message.Message):
+    __slots__ = ("tenant", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ConfirmResponse(_message.Message):
+    __slots__ = ("memory", "supersedes")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDES_FIELD_NUMBER: _ClassVar[int]
+    memory: _common_pb2.Memory
+    supersedes: str
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., supersedes: _Optional[str] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("tenant", "key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("memory", "superseded_by", "changed_at", "changed_by", "reason")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_BY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    memory: _common_pb2.Memory
+    superseded_by: str
+    changed_at: _timestamp_pb2.Timestamp
+    changed_by: str
+    reason: str
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., superseded_by: _Optional[str] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
+
+class RegisterEntitySchemaRequest(_message.Message):
+    __slots__ = ("tenant", "key", "schema")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    key: str
+    schema: _struct_pb2.Struct
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class RegisterEntitySchemaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQuarantineRequest(_message.Message):
+    __slots__ = ("tenant", "limit")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    limit: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class QuarantinedMemory(_message.Message):
+    __slots__ = ("memory", "reasons")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    memory: _common_pb2.Memory
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListQuarantineResponse(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[QuarantinedMemory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[QuarantinedMemory, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("tenant", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: WriteMemoryResponse
+    def __init__(self, result: _Optional[_Union[WriteMemoryResponse, _Mapping]] = ...) -> None: ...
+
+class DropQuarantinedRequest(_message.Message):
+    __slots__ = ("tenant", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DropQuarantinedResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+
+class CompressSessionRequest(_message.Message):
+    __slots__ = ("tenant", "strategy", "force", "window_tokens")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    strategy: str
+    force: bool
+    window_tokens: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., strategy: _Optional[str] = ..., force: _Optional[bool] = ..., window_tokens: _Optional[int] = ...) -> None: ...
+
+class CompressSessionResponse(_message.Message):
+    __slots__ = ("compressed", "trigger", "summary_memory_id", "covered", "tokens_before", "tokens_after")
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    COVERED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    compressed: bool
+    trigger: str
+    summary_memory_id: str
+    covered: _containers.RepeatedScalarFieldContainer[str]
+    tokens_before: int
+    tokens_after: int
+    def __init__(self, compressed: _Optional[bool] = ..., trigger: _Optional[str] = ..., summary_memory_id: _Optional[str] = ..., covered: _Optional[_Iterable[str]] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ...) -> None: ...
 
 class GetMemoryRequest(_message.Message):
     __slots__ = ("tenant", "memory_id")

@@ -52,6 +52,51 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.FromString,
                 _registered_method=True)
+        self.WriteBatch = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/WriteBatch',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchResponse.FromString,
+                _registered_method=True)
+        self.Correct = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Correct',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.CorrectRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.CorrectResponse.FromString,
+                _registered_method=True)
+        self.Confirm = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Confirm',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ConfirmRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ConfirmResponse.FromString,
+                _registered_method=True)
+        self.History = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/History',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.FromString,
+                _registered_method=True)
+        self.RegisterEntitySchema = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
+                _registered_method=True)
+        self.ListQuarantine = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/ListQuarantine',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Release',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.Drop = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/Drop',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedResponse.FromString,
+                _registered_method=True)
+        self.CompressSession = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/CompressSession',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryWriterServicer:
@@ -77,6 +122,68 @@ class MemoryWriterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteBatch(self, request, context):
+        """Many writes in one transaction; each write gets its own result (one bad write never fails the others).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Correct(self, request, context):
+        """A new L1 value for an entity key: supersedes the current value, the chain is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Confirm(self, request, context):
+        """The user confirmed an L2/L3 memory: it becomes L1 (and the current value of its key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """Every value an entity key of a user has had, oldest first, with who changed it, when and why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterEntitySchema(self, request, context):
+        """A tenant's own format for an entity key, as a JSON Schema (needs the scope memory:admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuarantine(self, request, context):
+        """The poisoning guard's quarantine (scope memory:admin): list, release to normal service, or drop.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompressSession(self, request, context):
+        """Summarise a session's uncovered turns when a trigger fires (or when forced) into one memory whose
+        derived_from lists the turns it covers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryWriterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +201,51 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.Forget,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.SerializeToString,
+            ),
+            'WriteBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteBatch,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchResponse.SerializeToString,
+            ),
+            'Correct': grpc.unary_unary_rpc_method_handler(
+                    servicer.Correct,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.CorrectRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.CorrectResponse.SerializeToString,
+            ),
+            'Confirm': grpc.unary_unary_rpc_method_handler(
+                    servicer.Confirm,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ConfirmRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ConfirmResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.SerializeToString,
+            ),
+            'RegisterEntitySchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterEntitySchema,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.SerializeToString,
+            ),
+            'ListQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuarantine,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Drop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drop,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedResponse.SerializeToString,
+            ),
+            'CompressSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompressSession,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +331,249 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/Forget',
             mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/WriteBatch',
+            mnemesh_dot_v1_dot_memory__pb2.WriteBatchRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.WriteBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Correct(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Correct',
+            mnemesh_dot_v1_dot_memory__pb2.CorrectRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.CorrectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Confirm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Confirm',
+            mnemesh_dot_v1_dot_memory__pb2.ConfirmRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ConfirmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/History',
+            mnemesh_dot_v1_dot_memory__pb2.HistoryRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterEntitySchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
+            mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/ListQuarantine',
+            mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ListQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Release',
+            mnemesh_dot_v1_dot_memory__pb2.ReleaseRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/Drop',
+            mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.DropQuarantinedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompressSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/CompressSession',
+            mnemesh_dot_v1_dot_memory__pb2.CompressSessionRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.CompressSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

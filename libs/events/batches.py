@@ -1,0 +1,245 @@
+"""Consume a stream in batches: many entries, one transaction per tenant, one outcome per entry.
+
+`EventBus.subscribe` hands its handler one entry at a time, which caps a writer at one
+transaction (and a few round trips) per command. A `BatchConsumer` reads up to `batch_size`
+entries with one XREADGROUP, admits each (libs/events/producers.py: event type of the stream,
+producer credential on external streams), groups them by tenant and calls the batch handler
+once per group inside one transaction acting as that tenant, with the processed-event rows of
+the group (idempotency by event id, as `libs.idempotency.idempotent`: a redelivered entry is
+acknowledged without a second effect).
+
+The handler answers one outcome per envelope: None (done) or the exception of that entry, so one
+bad command never fails its neighbours. After the commit: successes and duplicates are acked; a
+non-retryable DomainError is dead-lettered at once; another failure stays pending and is
+reclaimed (XAUTOCLAIM after `min_idle_ms`) until `max_deliveries`, then dead-lettered. A
+transient failure of the whole transaction (PostgreSQL away) acks nothing: every entry stays
+pending and comes back. Acks follow commits, so a process killed mid-batch loses nothing, and
+the processed-event rows make the redelivery a no-op for what had committed.
+
+Same consumer group and consumer name as the bus would use, so pending entries of a previous
+process (same replica) are read back first at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from redis.exceptions import ResponseError
+
+from libs.auth import TokenVerifier
+from libs.db import ALL_TENANTS, Database
+from libs.errors import DomainError
+from libs.events.bus import EventBus
+from libs.events.envelope import Envelope, MalformedEvent
+from libs.events.producers import admit
+from libs.logs import get_logger
+from libs.telemetry import extract, tracer
+from libs.transient import is_transient
+
+__all__ = ["BatchConsumer", "BatchHandler"]
+
+log = get_logger(__name__)
+
+# (tenant id, envelopes of that tenant, the transaction's connection) -> one outcome per envelope.
+BatchHandler = Callable[[str, list[Envelope], asyncpg.Connection], Awaitable[Sequence[BaseException | None]]]
+
+_MARK_PROCESSED = ("WITH marked AS (INSERT INTO processed_events (consumer, event_id)"
+                   " SELECT $1, e FROM unnest($2::uuid[]) AS e ON CONFLICT DO NOTHING RETURNING event_id::text AS id)"
+                   " SELECT coalesce(array_agg(id), '{}') FROM marked")
+_UNMARK = "DELETE FROM processed_events WHERE consumer = $1 AND event_id = ANY($2::uuid[])"
+
+
+@dataclass
+class _Entry:
+    entry_id: str
+    fields: dict[str, str]
+    envelope: Envelope | None = None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class BatchConsumer:
+    def __init__(self, bus: EventBus, db: Database, stream: str, group: str, handler: BatchHandler,
+                 verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
+                 delete_handled: bool = False,
+                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
+        """`delete_handled`: XDEL entries once acknowledged (a command stream whose entries may hold data
+        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep."""
+        self.delete_handled, self.scrub = delete_handled, scrub
+        self.bus, self.db, self.stream, self.group = bus, db, stream, group
+        self.handler, self.verifier = handler, verifier
+        self.batch_size, self.block_ms = batch_size, block_ms
+        self.key = bus.stream_name(stream)
+        self.consumer = bus.consumer_name
+        self.ready = asyncio.Event()  # the group exists and reading has begun (tests wait on it)
+        meter = metrics.get_meter("mnemesh.batches")
+        self._handled = meter.create_counter("stream_events_handled", description="events handled, by outcome")
+        self._batch_size = meter.create_histogram("stream_batch_size", description="entries per batch read")
+
+    async def run(self) -> None:
+        """Consume until cancelled. Redis going away is waited out (with a capped backoff), never fatal:
+        nothing is acknowledged that was not committed, so whatever was in flight comes back."""
+        delay = 0.1
+        while True:
+            try:
+                await self._consume()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - transient: wait and resume; anything else ends the task
+                if not is_transient(exc):
+                    raise
+                log.warning("batch consumer waits for Redis", stream=self.key, error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                delay = 0.1
+
+    async def _consume(self) -> None:
+        redis = await self.bus.redis()
+        try:
+            await redis.xgroup_create(self.key, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        # First what this consumer held in a previous life (a crash, a SIGKILL mid-batch).
+        own = await redis.xreadgroup(self.group, self.consumer, {self.key: "0"}, count=10_000)
+        self.ready.set()
+        if own and own[0][1]:
+            log.info("taking back pending entries of a previous process", stream=self.key, entries=len(own[0][1]))
+            for start in range(0, len(own[0][1]), self.batch_size):
+                await self.handle(own[0][1][start:start + self.batch_size])
+        next_claim = 0.0
+        while True:
+            if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
+                next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
+                result = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
+                                                count=self.batch_size)
+                # Redis 7 adds the ids of entries deleted while pending; Redis 6.2 (embedded) answers two items.
+                claimed, deleted = result[1], (result[2] if len(result) > 2 else [])
+                if deleted:
+                    await redis.xack(self.key, self.group, *deleted)
+                if claimed:
+                    await self.handle(claimed)
+            read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
+                                          block=self.block_ms)
+            if read and read[0][1]:
+                await self.handle(read[0][1])
+
+    async def handle(self, raw: list) -> None:
+        """Handle entries as XREADGROUP returns them: [(entry id, {field: value} or None), ...]."""
+        redis = await self.bus.redis()
+        entries, done = [], []
+        for entry_id, fields in raw:
+            if fields is None:  # trimmed while pending: nothing left to handle
+                done.append(_text(entry_id))
+                continue
+            entry = _Entry(_text(entry_id), {})
+            try:
+                entry.fields = {_text(k): v.decode("utf-8") if isinstance(v, bytes) else v for k, v in fields.items()}
+            except UnicodeDecodeError:
+                entry.fields = {_text(k): _text(v) if isinstance(v, str) else v.decode("utf-8", "replace")
+                                for k, v in fields.items()}
+                await self._dead_letter(entry, MalformedEvent(field="fields", reason="are not valid UTF-8",
+                                                              hint="publish every field as UTF-8 text"), 1)
+                done.append(entry.entry_id)
+                continue
+            try:
+                entry.envelope = Envelope.from_fields(entry.fields)
+                if entry.envelope.tenant_id == ALL_TENANTS:
+                    raise MalformedEvent(field="tenant_id", reason=f"{ALL_TENANTS!r} names no tenant",
+                                         hint="publish with the tenant id of your token")
+                await admit(self.stream, entry.envelope, self.verifier)
+            except DomainError as exc:
+                await self._dead_letter(entry, exc, 1)
+                done.append(entry.entry_id)
+                continue
+            entries.append(entry)
+        self._batch_size.record(len(raw), {"stream": self.key})
+        by_tenant: dict[str, list[_Entry]] = {}
+        for entry in entries:
+            by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)
+        for tenant_id, group in by_tenant.items():
+            done += await self._handle_tenant(tenant_id, group)
+        if done:
+            await redis.xack(self.key, self.group, *done)
+            if self.delete_handled:
+                await redis.xdel(self.key, *done)
+
+    async def _handle_tenant(self, tenant_id: str, entries: list[_Entry]) -> list[str]:
+        """Run the handler for one tenant's entries; return the entry ids to acknowledge."""
+        links = [Link(ctx) for e in entries
+                 if (ctx := _span_context(e.envelope.traceparent)) is not None]
+        with tracer().start_as_current_span(f"consume {self.key}", kind=SpanKind.CONSUMER, links=links) as span:
+            span.set_attributes({"messaging.system": "redis", "messaging.destination.name": self.key,
+                                 "messaging.consumer.group.name": self.group,
+                                 "messaging.batch.message_count": len(entries)})
+            failures: dict[int, BaseException] = {}
+            try:
+                async with self.db.transaction(tenant_id) as conn:
+                    first = set(await conn.fetchval(_MARK_PROCESSED, self.group,
+                                                    [e.envelope.event_id for e in entries]))
+                    fresh = []
+                    for i, entry in enumerate(entries):
+                        if entry.envelope.event_id in first:
+                            first.discard(entry.envelope.event_id)  # a second copy in one batch is a duplicate
+                            fresh.append(i)
+                    outcomes = await self.handler(tenant_id, [entries[i].envelope for i in fresh], conn) \
+                        if fresh else []
+                    failures = {i: exc for i, exc in zip(fresh, outcomes, strict=True) if exc is not None}
+                    if failures:  # not done: a retry, or a replay from the dead letters, may apply them
+                        await conn.execute(_UNMARK, self.group, [entries[i].envelope.event_id for i in failures])
+            except Exception as exc:  # noqa: BLE001 - classified below: retried, or each entry's failure
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                if is_transient(exc):
+                    log.warning("batch waits for its infrastructure", stream=self.key, entries=len(entries),
+                                error=str(exc))
+                    self._handled.add(len(entries), {"stream": self.key, "group": self.group, "outcome": "retry"})
+                    return []
+                log.exception("batch handler failed", stream=self.key, entries=len(entries))
+                failures = dict.fromkeys(range(len(entries)), exc)
+        ok = [e.entry_id for i, e in enumerate(entries) if i not in failures]
+        self._handled.add(len(ok), {"stream": self.key, "group": self.group, "outcome": "ok"})
+        return ok + await self._settle(entries, failures)
+
+    async def _settle(self, entries: list[_Entry], failures: dict[int, BaseException]) -> list[str]:
+        """Dead-letter what can never succeed; leave the rest pending. Returns the ids dead-lettered."""
+        settled = []
+        for i, exc in failures.items():
+            entry = entries[i]
+            if isinstance(exc, DomainError) and not exc.retryable:
+                await self._dead_letter(entry, exc, 1)
+                settled.append(entry.entry_id)
+                continue
+            pending = await (await self.bus.redis()).xpending_range(self.key, self.group, min=entry.entry_id,
+                                                                    max=entry.entry_id, count=1)
+            deliveries = pending[0]["times_delivered"] if pending else 1
+            if deliveries >= self.bus.max_deliveries:
+                await self._dead_letter(entry, exc, deliveries)
+                settled.append(entry.entry_id)
+            else:
+                self._handled.add(1, {"stream": self.key, "group": self.group, "outcome": "retry"})
+        return settled
+
+    async def _dead_letter(self, entry: _Entry, exc: BaseException, deliveries: int) -> None:
+        reason = exc.to_dict() if isinstance(exc, DomainError) else {
+            "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc), "retryable": False,
+            "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
+        fields = self.scrub(entry.fields) if self.scrub else entry.fields
+        await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
+                                   deliveries=deliveries)
+
+
+def _span_context(traceparent: str):
+    if not traceparent:
+        return None
+    ctx = trace.get_current_span(extract({"traceparent": traceparent})).get_span_context()
+    return ctx if ctx.is_valid else None

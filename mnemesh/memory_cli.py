@@ -1,0 +1,152 @@
+"""`mnemesh memory write|get|history|correct|confirm|forget|quarantine|release|drop|compress` (and search).
+
+Each verb calls the running memory-writer over gRPC; `--json` prints the reply as proto3 JSON (one
+object) for scripts, otherwise a line or two for people. Errors print the structured ErrorDetail.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import grpc
+from google.protobuf import json_format
+
+from libs.config import Settings
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
+
+__all__ = ["add_memory_commands"]
+
+LAYERS = {name.removeprefix("MEMORY_LAYER_").lower(): value
+          for name, value in common_pb2.MemoryLayer.items() if value}
+SOURCES = {name.removeprefix("SOURCE_KIND_").lower(): value
+           for name, value in common_pb2.SourceKind.items() if value}
+_STATUS = {v: n.removeprefix("WRITE_STATUS_").lower() for n, v in memory_pb2.WriteStatus.items()}
+_MEMORY_STATUS = {v: n.removeprefix("MEMORY_STATUS_").lower() for n, v in common_pb2.MemoryStatus.items()}
+
+
+def _show(ns: argparse.Namespace, reply, text: str) -> None:
+    print(json_format.MessageToJson(reply, indent=None, ensure_ascii=False) if ns.json else text)
+
+
+def _tenant(ns: argparse.Namespace, **extra) -> common_pb2.TenantContext:
+    return common_pb2.TenantContext(user_id=getattr(ns, "for_user", "") or ns.user, **extra)
+
+
+def _memory_line(m: common_pb2.Memory) -> str:
+    confirm = "  (confirm before use)" if m.must_confirm else ""
+    return (f"{m.memory_id}  [{_MEMORY_STATUS.get(m.status, '?')}, L{m.confidence}]  "
+            f"{m.key + ' = ' if m.key else ''}{m.content}{confirm}")
+
+
+def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub]):
+    async def write(ch, ns):
+        reply = await stub(ch).Write(memory_pb2.WriteMemoryRequest(
+            tenant=_tenant(ns, session_id=ns.session), layer=LAYERS[ns.layer], source=SOURCES[ns.source],
+            content=ns.content, key=ns.key, tags=ns.tag or [], step_id=ns.step_id,
+            idempotency_key=ns.idempotency_key), timeout=10)
+        notes = [_STATUS.get(reply.status, "")] + (["confirm before use"] if reply.must_confirm else []) + (
+            [f"supersedes {reply.supersedes}"] if reply.supersedes else []) + list(reply.quarantine_reasons)
+        _show(ns, reply, f"{reply.memory_id}  ({', '.join(n for n in notes if n)})")
+
+    async def get(ch, ns):
+        reply = await stub(ch).Get(memory_pb2.GetMemoryRequest(memory_id=ns.memory_id), timeout=10)
+        _show(ns, reply, _memory_line(reply.memory))
+
+    async def history(ch, ns):
+        reply = await stub(ch).History(memory_pb2.HistoryRequest(tenant=_tenant(ns), key=ns.key), timeout=10)
+        lines = [f"{e.memory.created_at.ToJsonString()}  {_memory_line(e.memory)}"
+                 + (f"  -> {e.superseded_by}" if e.superseded_by else "")
+                 + (f"  by {e.changed_by}" if e.changed_by else "") + (f"  ({e.reason})" if e.reason else "")
+                 for e in reply.entries]
+        _show(ns, reply, "\n".join(lines) or f"no values for {ns.key}")
+
+    async def correct(ch, ns):
+        reply = await stub(ch).Correct(memory_pb2.CorrectRequest(
+            tenant=_tenant(ns), key=ns.key, content=ns.content, reason=ns.reason,
+            idempotency_key=ns.idempotency_key), timeout=10)
+        _show(ns, reply, f"{reply.memory_id}" + (f"  (supersedes {reply.supersedes})" if reply.supersedes else ""))
+
+    async def confirm(ch, ns):
+        reply = await stub(ch).Confirm(memory_pb2.ConfirmRequest(memory_id=ns.memory_id, reason=ns.reason),
+                                       timeout=10)
+        _show(ns, reply, _memory_line(reply.memory))
+
+    async def forget(ch, ns):
+        reply = await stub(ch).Forget(memory_pb2.ForgetRequest(
+            tenant=common_pb2.TenantContext(user_id=ns.for_user), memory_id=ns.memory_id or ""), timeout=10)
+        _show(ns, reply, f"forgot {reply.forgotten} memories")
+
+    async def quarantine(ch, ns):
+        reply = await stub(ch).ListQuarantine(memory_pb2.ListQuarantineRequest(
+            tenant=common_pb2.TenantContext(user_id=ns.for_user), limit=ns.limit), timeout=10)
+        lines = [f"{q.memory.memory_id}  {', '.join(q.reasons)}  {q.memory.content[:120]}" for q in reply.memories]
+        _show(ns, reply, "\n".join(lines) or "the quarantine is empty")
+
+    async def release(ch, ns):
+        reply = await stub(ch).Release(memory_pb2.ReleaseRequest(memory_id=ns.memory_id, reason=ns.reason),
+                                       timeout=10)
+        _show(ns, reply, f"{reply.result.memory_id}  ({_STATUS.get(reply.result.status, '')})")
+
+    async def drop(ch, ns):
+        reply = await stub(ch).Drop(memory_pb2.DropQuarantinedRequest(memory_id=ns.memory_id, reason=ns.reason), timeout=10)
+        _show(ns, reply, "dropped" if reply.dropped else "not dropped")
+
+    async def compress(ch, ns):
+        reply = await stub(ch).CompressSession(memory_pb2.CompressSessionRequest(
+            tenant=_tenant(ns, session_id=ns.session_id), strategy=ns.strategy, force=ns.force), timeout=30)
+        _show(ns, reply, (f"{reply.summary_memory_id}: {len(reply.covered)} turns ({reply.trigger}), "
+                          f"{reply.tokens_before} -> {reply.tokens_after} tokens") if reply.compressed
+              else "nothing to compress")
+
+    return {f.__name__: f for f in (write, get, history, correct, confirm, forget, quarantine, release, drop,
+                                     compress)}
+
+
+def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., int],
+                        settings_of: Callable[[], Settings], identity: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the memory-writer's verbs under `mnemesh memory`; `run(settings, ns, service, call)` runs one call."""
+    verbs = _verbs(memory_pb2_grpc.MemoryWriterStub)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = memory.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="print the reply as JSON")
+        identity(p)
+        call = verbs[name]
+        p.set_defaults(func=lambda ns: run(settings_of(), ns, "memory-writer", lambda ch: call(ch, ns)))
+        return p
+
+    p = verb("write", "write one memory; prints its id and what happened")
+    p.add_argument("content")
+    p.add_argument("--layer", choices=list(LAYERS), default="long_term")
+    p.add_argument("--source", choices=list(SOURCES), default="user_statement")
+    p.add_argument("--session", default="")
+    p.add_argument("--key", default="", help="entity key, e.g. user.phone (entity layer)")
+    p.add_argument("--step-id", default="", help="the step id (step layer)")
+    p.add_argument("--tag", action="append")
+    p.add_argument("--idempotency-key", default="")
+    verb("get", "one memory (sensitive values redacted without memory:sensitive)").add_argument("memory_id")
+    verb("history", "every value an entity key has had").add_argument("key")
+    p = verb("correct", "a new L1 value for an entity key (supersedes the current one)")
+    p.add_argument("key")
+    p.add_argument("content")
+    p.add_argument("--reason", default="")
+    p.add_argument("--idempotency-key", default="")
+    p = verb("confirm", "the user confirmed a memory: it becomes L1")
+    p.add_argument("memory_id")
+    p.add_argument("--reason", default="")
+    p = verb("forget", "forget one memory, or every memory of a user")
+    p.add_argument("memory_id", nargs="?")
+    p.add_argument("--for-user", default="", help="whose memories (yours when empty)")
+    p = verb("quarantine", "what the poisoning guard holds (memory:admin)")
+    p.add_argument("--for-user", default="")
+    p.add_argument("--limit", type=int, default=50)
+    for name, help_text in (("release", "release a quarantined memory to service"),
+                            ("drop", "drop a quarantined memory")):
+        p = verb(name, help_text)
+        p.add_argument("memory_id")
+        p.add_argument("--reason", default="")
+    p = verb("compress", "compress a session's history into a summary memory")
+    p.add_argument("session_id")
+    p.add_argument("--strategy", choices=["extractive", "abstractive", "hybrid"], default="extractive")
+    p.add_argument("--force", action="store_true")

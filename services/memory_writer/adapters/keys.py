@@ -1,0 +1,108 @@
+"""The key ring: tenant keys and user data keys in PostgreSQL, wrapped up to the master key.
+
+Tenant keys (and each tenant's search key, for keyed hashes) are unwrapped through the key
+provider and kept in this process; user data keys are unwrapped per unit of work and never
+cached beyond it, so a shredded user key is gone from every replica as soon as its row is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import asyncpg
+
+from libs.crypto import CryptoError, KeyProvider, new_key, open_sealed, seal
+
+__all__ = ["KeyRing", "KeyShredded"]
+
+
+class KeyShredded(CryptoError):
+    """The user's data key was destroyed (the user was forgotten): their sealed content is unreadable."""
+
+
+class KeyRing:
+    def __init__(self, provider: KeyProvider) -> None:
+        self.provider = provider
+        self._tenant: dict[tuple[str, int], tuple[bytes, bytes]] = {}  # (tenant, version) -> (key, search key)
+
+    @staticmethod
+    def _tenant_ctx(tenant_id: str, version: int, what: str) -> bytes:
+        return f"mnemesh/{what}/{tenant_id}/{version}".encode()
+
+    @staticmethod
+    def _user_ctx(tenant_id: str, user_id: str) -> bytes:
+        return f"mnemesh/user/{tenant_id}/{user_id}".encode()
+
+    async def _load(self, conn: asyncpg.Connection, tenant_id: str, version: int | None) -> tuple[int, bytes, bytes]:
+        query = "SELECT version, wrapped, search_wrapped FROM tenant_keys WHERE tenant_id = $1"
+        row = await (conn.fetchrow(query + " AND version = $2", tenant_id, version) if version is not None else
+                     conn.fetchrow(query + " ORDER BY version DESC LIMIT 1", tenant_id))
+        if row is None:
+            if version is not None:
+                raise CryptoError(f"tenant key version {version} of {tenant_id} is missing")
+            key, search = new_key(), new_key()
+            await conn.execute(
+                "INSERT INTO tenant_keys (tenant_id, version, wrapped, search_wrapped, master_key_id)"
+                " VALUES ($1, 1, $2, $3, $4) ON CONFLICT DO NOTHING", tenant_id,
+                self.provider.wrap(key, self._tenant_ctx(tenant_id, 1, "tenant")),
+                self.provider.wrap(search, self._tenant_ctx(tenant_id, 1, "search")), self.provider.key_id)
+            return await self._load(conn, tenant_id, None)
+        v = row["version"]
+        if (tenant_id, v) not in self._tenant:
+            self._tenant[(tenant_id, v)] = (
+                self.provider.unwrap(row["wrapped"], self._tenant_ctx(tenant_id, v, "tenant")),
+                self.provider.unwrap(row["search_wrapped"], self._tenant_ctx(tenant_id, v, "search")))
+        return (v, *self._tenant[(tenant_id, v)])
+
+    async def keyed_hash(self, conn: asyncpg.Connection, tenant_id: str, value: str) -> str:
+        """HMAC-SHA256 of `value` under the tenant's search key: equal values, equal hashes; nothing else."""
+        _, _, search = await self._load(conn, tenant_id, None)
+        return hmac.new(search, value.encode(), hashlib.sha256).hexdigest()
+
+    async def user_key(self, conn: asyncpg.Connection, tenant_id: str, user_id: str, *, create: bool) -> bytes:
+        row = await conn.fetchrow("SELECT wrapped, tenant_version FROM user_keys WHERE tenant_id = $1 AND user_id = $2",
+                                  tenant_id, user_id)
+        if row is not None:
+            _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
+            return open_sealed(tenant_key, row["wrapped"], self._user_ctx(tenant_id, user_id))
+        if not create:
+            raise KeyShredded(f"user {user_id} of {tenant_id} has no data key (forgotten)")
+        version, tenant_key, _ = await self._load(conn, tenant_id, None)
+        key = new_key()
+        inserted = await conn.execute(
+            "INSERT INTO user_keys (tenant_id, user_id, wrapped, tenant_version) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT DO NOTHING", tenant_id, user_id, seal(tenant_key, key, self._user_ctx(tenant_id, user_id)),
+            version)
+        if inserted.endswith(" 0"):  # a concurrent writer created it first: use theirs
+            return await self.user_key(conn, tenant_id, user_id, create=False)
+        return key
+
+    async def shred(self, conn: asyncpg.Connection, tenant_id: str, user_id: str) -> bool:
+        """Destroy the user's data key: everything sealed under it can never be opened again."""
+        status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id)
+        return not status.endswith(" 0")
+
+    async def rotate_tenant(self, conn: asyncpg.Connection, tenant_id: str) -> tuple[int, int]:
+        """A new tenant key version; every user key is re-wrapped under it (content is not re-encrypted).
+
+        The search key is carried over (re-wrapped), so keyed hashes stay comparable. Returns the new
+        version and the number of user keys re-wrapped. Old versions are kept until none is used.
+        """
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"tenant-key:{tenant_id}")
+        old_version, _, search = await self._load(conn, tenant_id, None)
+        version, key = old_version + 1, new_key()
+        await conn.execute(
+            "INSERT INTO tenant_keys (tenant_id, version, wrapped, search_wrapped, master_key_id)"
+            " VALUES ($1, $2, $3, $4, $5)", tenant_id, version,
+            self.provider.wrap(key, self._tenant_ctx(tenant_id, version, "tenant")),
+            self.provider.wrap(search, self._tenant_ctx(tenant_id, version, "search")), self.provider.key_id)
+        rewrapped = 0
+        for row in await conn.fetch("SELECT user_id FROM user_keys WHERE tenant_id = $1 FOR UPDATE", tenant_id):
+            user_key = await self.user_key(conn, tenant_id, row["user_id"], create=False)
+            await conn.execute("UPDATE user_keys SET wrapped = $3, tenant_version = $4 WHERE tenant_id = $1"
+                               " AND user_id = $2", tenant_id, row["user_id"],
+                               seal(key, user_key, self._user_ctx(tenant_id, row["user_id"])), version)
+            rewrapped += 1
+        self._tenant[(tenant_id, version)] = (key, search)
+        return version, rewrapped

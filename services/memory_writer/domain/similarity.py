@@ -1,0 +1,67 @@
+"""Duplicates: identical memories by normalised content, near-identical ones by MinHash (no I/O).
+
+Shingles are characters, not words, so Chinese (no spaces) and English are treated alike: the
+normalised text (see normalize.py) is cut into overlapping 3-character shingles. A MinHash
+signature of 64 values estimates the Jaccard similarity of two shingle sets; 16 bands of 4
+values are the LSH buckets a store indexes, so candidates are found without comparing against
+every memory. Two memories whose estimated similarity reaches NEAR_THRESHOLD are near duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+
+import numpy as np
+
+from services.memory_writer.domain.normalize import normalized
+
+__all__ = ["BANDS", "NEAR_THRESHOLD", "bands", "content_digest", "minhash", "similarity"]
+
+PERMUTATIONS = 64
+BANDS = 16
+ROWS = PERMUTATIONS // BANDS
+NEAR_THRESHOLD = 0.6
+SHINGLE = 3
+_MASK = (1 << 32) - 1
+# Multiply-shift hashing, h(x) = ((a*x + b) mod 2^64) >> 32, with fixed odd `a` (derived, not random:
+# signatures must be comparable across processes and releases).
+_A = np.array([int.from_bytes(hashlib.sha256(f"a{i}".encode()).digest()[:8], "big") | 1
+               for i in range(PERMUTATIONS)], dtype=np.uint64)
+_B = np.array([int.from_bytes(hashlib.sha256(f"b{i}".encode()).digest()[:8], "big")
+               for i in range(PERMUTATIONS)], dtype=np.uint64)
+
+
+def content_digest(content: str) -> str:
+    """What identical memories share: the SHA-256 of the normalised content."""
+    return hashlib.sha256(normalized(content).encode()).hexdigest()
+
+
+def _shingles(content: str) -> set[int]:
+    text = normalized(content)
+    if len(text) <= SHINGLE:
+        grams = {text} if text else set()
+    else:
+        grams = {text[i:i + SHINGLE] for i in range(len(text) - SHINGLE + 1)}
+    return {zlib.crc32(g.encode()) for g in grams}
+
+
+def minhash(content: str) -> list[int]:
+    shingles = _shingles(content)
+    if not shingles:
+        return [_MASK] * PERMUTATIONS
+    x = np.fromiter(shingles, dtype=np.uint64, count=len(shingles))
+    hashed = (np.multiply.outer(_A, x) + _B[:, None]) >> np.uint64(32)  # uint64 arithmetic wraps mod 2^64
+    return [int(v) for v in hashed.min(axis=1)]
+
+
+def bands(signature: list[int]) -> list[str]:
+    """The LSH bucket of each band: two signatures sharing any bucket are candidates."""
+    return [f"{i}:" + hashlib.blake2b(struct.pack(f">{ROWS}I", *signature[i * ROWS:(i + 1) * ROWS]),
+                                      digest_size=8).hexdigest() for i in range(BANDS)]
+
+
+def similarity(a: list[int], b: list[int]) -> float:
+    """The estimated Jaccard similarity of the shingle sets behind two signatures."""
+    return sum(x == y for x, y in zip(a, b, strict=True)) / PERMUTATIONS

@@ -1,0 +1,347 @@
+"""The write pipeline: one write, a batch of writes, corrections and confirmations.
+
+Every write goes through `_write_in` inside a unit of work: validation (fields, entity format
+by key or the tenant's schema, the level the source may claim), idempotency, the confidence
+rules of its entity key, then the row and its events. A batch is one unit (one transaction):
+each write's domain errors are its own; a failure after a write touched the database (an
+integrity error, a conflict) makes the batch run again with one savepoint per write, so the
+failing write alone is undone and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+from libs.errors import Conflict, DomainError, IdempotencyKeyReused, NotFound, ValidationFailed
+from libs.eventstore import ANY_VERSION
+from libs.transient import is_transient
+from services.memory_writer.domain import (
+    Confidence,
+    Layer,
+    MemoryConfirmed,
+    MemoryCorrected,
+    MemoryMerged,
+    MemoryQuarantined,
+    MemoryRecord,
+    MemoryWritten,
+    Source,
+    Status,
+    WriteMemory,
+    WriteResult,
+    WriteStatus,
+    confirmed,
+    decide,
+    new_memory,
+    normalized,
+)
+from services.memory_writer.domain.entities import check_schema
+from services.memory_writer.domain.guard import Signals, assess
+from services.memory_writer.domain.similarity import (
+    NEAR_THRESHOLD,
+    bands,
+    content_digest,
+    minhash,
+    similarity,
+)
+from services.memory_writer.service_layer.unit_of_work import UnitOfWork
+
+__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
+           "register_entity_schema", "write_batch", "write_memory"]
+
+MAX_BATCH = 500
+Outcome = WriteResult | BaseException
+
+
+class _AfterWrite(Exception):
+    """A write failed after it touched the database: the unit must be undone, or the write isolated."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _owned(cmd: WriteMemory, tenant_id: str) -> WriteMemory:
+    if tenant_id:
+        if cmd.tenant_id and cmd.tenant_id != tenant_id:
+            raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {tenant_id!r}",
+                                   field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
+        cmd = replace(cmd, tenant_id=tenant_id)
+    return cmd
+
+
+def _retried(existing: MemoryRecord, record: MemoryRecord) -> WriteResult:
+    """The answer to a write whose idempotency key is taken: the first result for a true retry,
+    a refusal for a different write under the same key (never a silent drop of the new content)."""
+    if existing.request_hash and existing.request_hash != record.request_hash:
+        raise IdempotencyKeyReused(
+            "was already used for a different write", field="idempotency_key",
+            hint="use a new idempotency key for new content; reuse a key only to retry the same write")
+    return WriteResult(existing.memory_id, duplicate=True, version=1, status=WriteStatus.DUPLICATE,
+                       must_confirm=existing.must_confirm)
+
+
+BURST_WINDOW = timedelta(minutes=1)
+
+
+class _Recent:
+    """Writes per user in the last minute, measured once per unit and counted on as it writes."""
+
+    def __init__(self, uow: UnitOfWork, now: datetime) -> None:
+        self.uow, self.now, self.counts = uow, now, {}
+
+    async def take(self, tenant_id: str, user_id: str) -> int:
+        if user_id not in self.counts:
+            self.counts[user_id] = await self.uow.recent_writes(tenant_id, user_id, self.now - BURST_WINDOW)
+        before = self.counts[user_id]
+        self.counts[user_id] += 1
+        return before
+
+
+async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    recent: _Recent) -> WriteResult:
+    """One write inside `uow`. DomainErrors raised before anything is written are the write's own;
+    anything raised after is wrapped in _AfterWrite."""
+    record = new_memory(cmd, now, schema)
+    if record.sensitive_kind:  # compared and looked up by keyed hashes: the plaintext is sealed on add
+        record = replace(
+            record, content_hmac=await uow.keyed_hash(record.tenant_id, normalized(record.content)),
+            sensitive_hashes=tuple([await uow.keyed_hash(record.tenant_id, normalized(v))
+                                    for v in record.sensitive_values]))
+    current = None
+    if record.key:  # hold the key first: same-key writes are serialised, whatever their idempotency keys
+        current = await uow.current_of(record.tenant_id, record.user_id, record.key)
+    if cmd.idempotency_key:
+        existing = await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key)
+        if existing:
+            return _retried(existing, record)
+    decision = decide(record, current) if record.key else None
+    if decision is not None:
+        if decision.outcome is WriteStatus.DUPLICATE:
+            return WriteResult(current.memory_id, duplicate=True, version=1, status=WriteStatus.DUPLICATE,
+                               must_confirm=current.must_confirm)
+        record = decision.record
+    contradicts = (decision is not None and decision.outcome is WriteStatus.CANDIDATE
+                   and record.source is Source.MODEL_INFERENCE and current.confidence is Confidence.L1_STRONG)
+    verdict = assess(record.content, Signals(source=int(record.source), contradicts_l1=contradicts,
+                                             recent_writes=await recent.take(record.tenant_id, record.user_id)))
+    if verdict.quarantine:  # stored apart, announced without content, never served
+        record = replace(record, status=Status.QUARANTINED, quarantine_reasons=verdict.reasons)
+        decision = None
+    if record.status is Status.CURRENT and not record.key:
+        merged = await _merge_or_link(uow, record)
+        if isinstance(merged, WriteResult):
+            return merged
+        record = merged
+    old = decision.supersedes if decision else None
+    if old is None and not await uow.add(record):
+        # A concurrent write with the same idempotency key got there first (nothing was written here).
+        return _retried(await uow.find_by_idempotency_key(cmd.tenant_id, cmd.idempotency_key), record)
+    try:
+        if old is not None:
+            await uow.supersede(record.tenant_id, old.memory_id, record.memory_id, now)
+            if not await uow.add(record):  # the key lock makes this all but impossible; undo the supersede
+                raise Conflict("a concurrent write used the same idempotency key", field="idempotency_key",
+                               hint="retry: the other write's result will be returned")
+        if record.status is Status.QUARANTINED:
+            version = await uow.record(f"memory-{record.memory_id}", 0, MemoryQuarantined(record))
+            return WriteResult(record.memory_id, duplicate=False, version=version, status=WriteStatus.QUARANTINED,
+                               quarantine_reasons=record.quarantine_reasons)
+        version = await uow.record(f"memory-{record.memory_id}", 0, MemoryWritten(record))
+        if old is not None:
+            version = await uow.record(f"memory-{record.memory_id}", version, MemoryCorrected(old, record))
+    except Exception as exc:
+        raise _AfterWrite(exc) from exc
+    status = WriteStatus.CANDIDATE if record.status is Status.CANDIDATE else WriteStatus.STORED
+    return WriteResult(record.memory_id, duplicate=False, version=version, status=status,
+                       supersedes=old.memory_id if old else "", must_confirm=record.must_confirm,
+                       near_duplicate_of=record.near_duplicate_of)
+
+
+async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult | MemoryRecord:
+    """An identical memory of the same user and layer absorbs the write (no second row); otherwise the
+    record, linked to the memory it closely resembles, if any."""
+    digest = record.content_hmac or content_digest(record.content)
+    existing = await uow.find_identical(record.tenant_id, record.user_id, int(record.layer), digest)
+    if existing is not None:
+        kept = replace(existing, engagement=existing.engagement + 1.0, merged_count=existing.merged_count + 1,
+                       tags=tuple(dict.fromkeys((*existing.tags, *record.tags))),
+                       derived_from=tuple(dict.fromkeys((*existing.derived_from, *record.derived_from))))
+        try:
+            await uow.merge_into(kept)
+            version = await uow.record(f"memory-{kept.memory_id}", ANY_VERSION, MemoryMerged(kept, record))
+        except Exception as exc:
+            raise _AfterWrite(exc) from exc
+        return WriteResult(kept.memory_id, duplicate=True, version=version, status=WriteStatus.MERGED,
+                           must_confirm=kept.must_confirm)
+    signature = minhash(record.redacted if record.sensitive_kind else record.content)
+    near = ""
+    best = NEAR_THRESHOLD
+    for memory_id, other in await uow.near_candidates(record.tenant_id, record.user_id, int(record.layer),
+                                                      bands(signature)):
+        score = similarity(signature, other)
+        if score >= best:
+            near, best = memory_id, score
+    return replace(record, content_digest=digest, minhash=tuple(signature), near_duplicate_of=near)
+
+
+async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",
+                       now: datetime | None = None) -> WriteResult:
+    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
+    cmd = _owned(cmd, on_behalf_of)
+    async with uow:
+        schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
+        try:
+            now = now or datetime.now(UTC)
+            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now))
+        except _AfterWrite as exc:
+            raise exc.cause from None
+
+
+async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], UnitOfWork], *, tenant_id: str,
+                      now: datetime | None = None,
+                      before_each: Callable[[int], None] | None = None) -> list[Outcome]:
+    """Write `cmds` for `tenant_id` in one transaction; one outcome per command, in order.
+
+    An outcome is the WriteResult, or the exception of that command (a DomainError saying what
+    is wrong with it, or what the store refused). A transient failure (the database went away)
+    raises: nothing of the batch was written, and the whole batch may be retried.
+    `before_each(i)` runs before command i (the stream entry point sets the causation there).
+    """
+    if len(cmds) > MAX_BATCH:
+        raise ValidationFailed(f"has {len(cmds)} writes; the limit is {MAX_BATCH}", field="writes",
+                               hint=f"send at most {MAX_BATCH} writes per batch")
+    now = now or datetime.now(UTC)
+    try:
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=False)
+    except _AfterWrite:
+        # Rare: a write failed after touching the database, which spoils the transaction. Run the
+        # batch again, each write in its own savepoint, so only that write is undone.
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=True)
+
+
+async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, now: datetime,
+                 before_each: Callable[[int], None] | None, *, isolate: bool) -> list[Outcome]:
+    outcomes: list[Outcome | None] = [None] * len(cmds)
+    owned: dict[int, WriteMemory] = {}
+    for i, cmd in enumerate(cmds):
+        try:
+            owned[i] = _owned(cmd, tenant_id)
+        except DomainError as exc:
+            outcomes[i] = exc
+    async with uow:
+        schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
+        recent = _Recent(uow, now)
+        for i, cmd in owned.items():
+            if before_each is not None:
+                before_each(i)
+            scope = uow.savepoint() if isolate else contextlib.nullcontext()
+            try:
+                async with scope:
+                    # A microsecond apart: the batch's order stays the order of its records (session turns).
+                    outcomes[i] = await _write_in(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
+                                                  recent)
+            except DomainError as exc:  # refused before anything of it was written
+                outcomes[i] = exc
+            except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error
+                cause = exc.cause if isinstance(exc, _AfterWrite) else exc
+                if is_transient(cause):
+                    raise cause from None  # nothing of the batch commits; all of it may be retried
+                if not isolate:
+                    raise _AfterWrite(cause) from cause
+                outcomes[i] = cause
+    return outcomes  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class CorrectEntity:
+    tenant_id: str
+    user_id: str
+    key: str
+    content: str
+    reason: str = ""
+    source: int = Source.USER_STATEMENT
+    layer: int = Layer.ENTITY
+    session_id: str = ""
+    idempotency_key: str = ""
+    requested_by: str = ""
+
+
+async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = None) -> WriteResult:
+    """A new L1 value for `key`: it supersedes the current value (whatever its level); the chain is kept."""
+    if not cmd.key:
+        raise ValidationFailed("is required", field="key", hint="name the entity key to correct, e.g. user.name")
+    if cmd.source not in (Source.USER_STATEMENT, Source.AUTHORITATIVE_API):
+        raise ValidationFailed("a correction comes from the user or an authoritative API", field="source",
+                               hint="leave source empty (user statement) or use SOURCE_KIND_AUTHORITATIVE_API")
+    write = WriteMemory(tenant_id=cmd.tenant_id, user_id=cmd.user_id or cmd.requested_by, session_id=cmd.session_id,
+                        layer=cmd.layer or Layer.ENTITY, source=cmd.source, content=cmd.content, key=cmd.key,
+                        confidence=Confidence.L1_STRONG, idempotency_key=cmd.idempotency_key,
+                        reason=cmd.reason or "corrected", written_by=cmd.requested_by)
+    return await write_memory(write, uow, now=now)
+
+
+@dataclass(frozen=True)
+class ConfirmMemory:
+    tenant_id: str
+    memory_id: str
+    reason: str = ""
+    requested_by: str = ""
+
+
+async def confirm(cmd: ConfirmMemory, uow: UnitOfWork, now: datetime | None = None) -> tuple[MemoryRecord, str]:
+    """Raise an L2/L3 memory (or a candidate) to L1; it becomes its key's current value."""
+    now = now or datetime.now(UTC)
+    async with uow:
+        record = await uow.get(cmd.tenant_id, cmd.memory_id)
+        if record is None:
+            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+                           hint="check the id; forgotten and expired memories are gone")
+        if record.status is Status.SUPERSEDED:
+            raise ValidationFailed("was superseded by a later value", field="memory_id",
+                                   hint="Correct the key with this value instead, if the user says it is right")
+        current = await uow.current_of(record.tenant_id, record.user_id, record.key) if record.key else None
+        if record.confidence is Confidence.L1_STRONG and record.status is Status.CURRENT:
+            return record, ""  # nothing to confirm: a second Confirm is a no-op
+        raised, old = confirmed(record, current, now, cmd.requested_by, cmd.reason)
+        if old is not None:
+            await uow.supersede(record.tenant_id, old.memory_id, record.memory_id, now)
+        await uow.update(raised)
+        supersedes = old.memory_id if old else ""
+        await uow.record(f"memory-{record.memory_id}", ANY_VERSION, MemoryConfirmed(raised, supersedes, cmd.requested_by))
+    return raised, supersedes
+
+
+@dataclass(frozen=True)
+class KeyHistory:
+    tenant_id: str
+    user_id: str
+    key: str
+
+
+async def history(cmd: KeyHistory, uow: UnitOfWork) -> list[MemoryRecord]:
+    if not cmd.key:
+        raise ValidationFailed("is required", field="key", hint="name the entity key, e.g. user.name")
+    if not cmd.user_id:
+        raise ValidationFailed("is required", field="tenant.user_id", hint="say whose key it is")
+    async with uow:
+        return await uow.history(cmd.tenant_id, cmd.user_id, cmd.key)
+
+
+
+@dataclass(frozen=True)
+class RegisterEntitySchema:
+    tenant_id: str
+    key: str
+    schema: dict
+
+
+async def register_entity_schema(cmd: RegisterEntitySchema, uow: UnitOfWork) -> None:
+    """Values of `key` must match `schema` from now on (already stored values are not re-checked)."""
+    if not cmd.key:
+        raise ValidationFailed("is required", field="key", hint="name the entity key, e.g. user.plan")
+    check_schema(cmd.schema)
+    async with uow:
+        await uow.put_entity_schema(cmd.tenant_id, cmd.key, cmd.schema)

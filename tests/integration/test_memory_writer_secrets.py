@@ -1,0 +1,224 @@
+"""Sensitive values never in plaintext: not in a pg_dump, not in any Redis stream, not in the logs.
+
+A secret is written through gRPC and through the commands stream; afterwards the whole schema is
+dumped with pg_dump, every Redis key of the run is read, and the service's log output is
+searched. Forgetting the user destroys their key: the sealed copies left in the event store and
+the streams can no longer be opened. Rotating the tenant key keeps every memory readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+import asyncpg
+import grpc
+import pytest
+import redis.asyncio
+
+from libs.auth import issue_token
+from libs.config import Settings, load_settings
+from libs.crypto import LocalKeyFile
+from libs.db import Database
+from libs.events import Envelope
+from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS
+from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
+from libs.rpc import channel
+from mnemesh.infra import free_port
+from mnemesh.supervisor import check_health
+from services.memory_writer.adapters.keys import KeyRing, KeyShredded
+from services.memory_writer.domain.entities import resident_id_check_digit
+
+pytestmark = pytest.mark.integration
+SECRET = "secrets-integration-secret-0123456789abc"
+PASSWORD = "Tr0ub4dor&3x-zebra"
+API_KEY = "sk-live-Q9pLmN4vX7rT2wK8sJ6h"
+ID_NUMBER = "33010619850713" + "123" + resident_id_check_digit("33010619850713123")
+SECRETS = (PASSWORD, API_KEY, ID_NUMBER)
+
+
+@pytest.fixture
+async def writer(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[Settings]:
+    """The memory-writer in a process of its own, logging at debug level into a file (`<data_dir>/writer.log`)."""
+    namespace = f"s{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    settings = load_settings(redis_url=redis_url, database_url=database_url, data_dir=tmp_path, namespace=namespace,
+                             jwt_secret=SECRET, memory_writer_grpc_port=port)
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "MNEMESH_NAMESPACE": namespace,
+           "MNEMESH_JWT_SECRET": SECRET, "MNEMESH_METRICS_ENABLED": "false", "MNEMESH_DATA_DIR": str(tmp_path),
+           "MNEMESH_MEMORY_WRITER_GRPC_PORT": str(port), "MNEMESH_OUTBOX_POLL_SECONDS": "0.1",
+           "MNEMESH_MEMORY_BATCH_BLOCK_MS": "50", "MNEMESH_LOG_LEVEL": "debug", "MNEMESH_MASTER_KEY": "file:"}
+    with open(tmp_path / "writer.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mnemesh", "serve", "memory-writer",
+                                                    env=env, stdout=log, stderr=log)
+    try:
+        with anyio.fail_after(60):
+            while not await check_health(f"127.0.0.1:{port}"):
+                assert proc.returncode is None, (tmp_path / "writer.log").read_text()[-2000:]
+                await anyio.sleep(0.1)
+        yield settings
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+        client = redis.asyncio.from_url(redis_url)
+        keys = [k async for k in client.scan_iter(match=f"{namespace}.*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}_memory_writer" CASCADE')
+        finally:
+            await conn.close()
+
+
+def stub(settings: Settings, scopes: list[str], subject: str = "agent-1"):
+    token = issue_token(settings, subject=subject, tenant_id="acme", scopes=scopes)
+    return channel(f"127.0.0.1:{settings.grpc_port('memory-writer')}", token)
+
+
+def request(content: str, user: str = "u1", key: str = "") -> memory_pb2.WriteMemoryRequest:
+    return memory_pb2.WriteMemoryRequest(
+        tenant=common_pb2.TenantContext(tenant_id="acme", user_id=user), content=content, key=key,
+        layer=common_pb2.MEMORY_LAYER_ENTITY if key else common_pb2.MEMORY_LAYER_LONG_TERM,
+        source=common_pb2.SOURCE_KIND_USER_STATEMENT)
+
+
+async def redis_contents(settings: Settings) -> str:
+    """Every value of every Redis key of this run, as text (streams entry by entry)."""
+    client = redis.asyncio.from_url(settings.redis_url)
+    parts = []
+    try:
+        async for key in client.scan_iter(match=f"{settings.namespace}.*"):
+            kind = (await client.type(key)).decode()
+            if kind == "stream":
+                parts += [json.dumps({k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()})
+                          for _, fields in await client.xrange(key)]
+            elif kind == "string":
+                parts.append((await client.get(key)).decode("utf-8", "replace"))
+            parts.append(key.decode())
+    finally:
+        await client.aclose()
+    return "\n".join(parts)
+
+
+def pg_dump(settings: Settings) -> str:
+    # The embedded-server package ships pg_dump 16, which dumps any older server too; the system's may
+    # be older than the embedded server and refuse it.
+    shipped = Path(importlib.util.find_spec("pgserver").origin).parent / "pginstall" / "bin" / "pg_dump"
+    binary = str(shipped) if shipped.exists() else shutil.which("pg_dump")
+    assert binary, "pg_dump is needed: reinstall the pinned packages (make setup)"
+    return subprocess.run([binary, "--no-owner", "-n", f"{settings.namespace}_memory_writer", settings.database_url],
+                          check=True, capture_output=True, text=True).stdout
+
+
+async def events_published(settings: Settings, count: int) -> list[dict]:
+    client = redis.asyncio.from_url(settings.redis_url)
+    try:
+        with anyio.fail_after(30):
+            while len(entries := await client.xrange(f"{settings.namespace}.{MEMORY_EVENTS}")) < count:
+                await anyio.sleep(0.05)
+    finally:
+        await client.aclose()
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+
+async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintext_and_shredded_on_forget(
+    writer: Settings,
+) -> None:
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        by_grpc = await api.Write(request(f"my bank password is {PASSWORD} 别忘了"), timeout=10)
+        by_key = await api.Write(request(ID_NUMBER, key="user.id_card"), timeout=10)
+    producer = issue_token(writer, subject="crm", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
+    client = redis.asyncio.from_url(writer.redis_url)
+    await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+        request(f"deploy with api key {API_KEY}"), event_type="memory.write_requested", tenant_id="acme",
+        credential=producer).to_fields())
+    await client.aclose()
+    events = await events_published(writer, 3)
+
+    async with stub(writer, ["memory:read"]) as ch:
+        hidden = await memory_pb2_grpc.MemoryWriterStub(ch).Get(
+            memory_pb2.GetMemoryRequest(memory_id=by_grpc.memory_id), timeout=5)
+    async with stub(writer, ["memory:read", "memory:sensitive"]) as ch:
+        shown = await memory_pb2_grpc.MemoryWriterStub(ch).Get(
+            memory_pb2.GetMemoryRequest(memory_id=by_grpc.memory_id), timeout=5)
+    assert hidden.memory.content == "my bank password is [sensitive:password] 别忘了"
+    assert hidden.memory.sensitive_kind == "password" and not hidden.memory.sealed_content
+    assert shown.memory.content == f"my bank password is {PASSWORD} 别忘了"
+
+    dump, streams, logs = pg_dump(writer), await redis_contents(writer), (writer.data_dir / "writer.log").read_text(encoding="utf-8", errors="replace")
+    assert "[sensitive:api_key]" in dump and "[sensitive:password]" in streams  # the redacted texts are there
+    assert "mnemesh.v1.MemoryWriter/Write" in logs  # the log was written (rpc lines at least)
+    for secret in SECRETS:
+        assert secret not in dump, "a secret is in the database dump"
+        assert secret not in streams, "a secret is in a Redis stream"
+        assert secret not in logs, "a secret is in the log output"
+    sealed = [json.loads(e["payload"])["memory"] for e in events if e["event_type"] == "memory.written"]
+    assert all(m["sealedContent"] and m["sensitiveHashes"] for m in sealed)
+
+    keys = KeyRing(LocalKeyFile(writer.data_dir / "master.key"))
+    db = Database(writer.database_url, f"{writer.namespace}_memory_writer")
+    await db.open()
+    try:
+        async with db.transaction("acme") as conn:  # the user's key opens what the events carry, before Forget
+            assert len(await keys.user_key(conn, "acme", "u1", create=False)) == 32
+        async with stub(writer, ["*"], subject="operator") as ch:
+            forgotten = await memory_pb2_grpc.MemoryWriterStub(ch).Forget(
+                memory_pb2.ForgetRequest(tenant=common_pb2.TenantContext(user_id="u1")), timeout=10)
+        assert forgotten.forgotten == 3
+        async with db.transaction("acme") as conn:
+            with pytest.raises(KeyShredded):
+                await keys.user_key(conn, "acme", "u1", create=False)
+            stored = await conn.fetch("SELECT payload FROM events WHERE event_type = 'memory.written'")
+        assert len(stored) == 3 and all(base64.b64decode(json.loads(r["payload"])["memory"]["sealedContent"])
+                                        for r in stored)
+    finally:
+        await db.close()
+    async with stub(writer, ["*"]) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await memory_pb2_grpc.MemoryWriterStub(ch).Get(memory_pb2.GetMemoryRequest(memory_id=by_key.memory_id),
+                                                           timeout=5)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_rotating_the_tenant_key_keeps_every_sensitive_memory_readable(writer: Settings) -> None:
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        written = [await api.Write(request(f"{user}'s password is {PASSWORD}{i}", user=user), timeout=10)
+                   for i, user in enumerate(["u1", "u2", "u3"])]
+    keys = KeyRing(LocalKeyFile(writer.data_dir / "master.key"))
+    db = Database(writer.database_url, f"{writer.namespace}_memory_writer")
+    await db.open()
+    try:
+        async with db.transaction("acme") as conn:
+            before = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
+            sealed_before = await conn.fetch("SELECT sealed FROM memories ORDER BY memory_id")
+            version, rewrapped = await keys.rotate_tenant(conn, "acme")
+        async with db.transaction("acme") as conn:
+            after = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
+            sealed_after = await conn.fetch("SELECT sealed FROM memories ORDER BY memory_id")
+    finally:
+        await db.close()
+    assert (version, rewrapped) == (2, 3)
+    assert [r["tenant_version"] for r in after] == [2, 2, 2]
+    assert all(a["wrapped"] != b["wrapped"] for a, b in zip(after, before, strict=True))
+    assert sealed_after == sealed_before  # the content was not re-encrypted
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        for i, reply in enumerate(written):
+            got = await api.Get(memory_pb2.GetMemoryRequest(memory_id=reply.memory_id), timeout=5)
+            assert got.memory.content.endswith(f"{PASSWORD}{i}")

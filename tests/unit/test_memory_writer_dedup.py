@@ -1,0 +1,66 @@
+"""Deduplication: identical memories merged (no second row), near duplicates linked, not dropped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from fakes import FakeUnitOfWork, MemoryDatabase
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.memory_writer.domain import Layer, MemoryMerged, Source, WriteMemory, WriteStatus
+from services.memory_writer.domain.similarity import NEAR_THRESHOLD, content_digest, minhash, similarity
+from services.memory_writer.service_layer.handlers import write_memory
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def a_write(content: str, **changes) -> WriteMemory:
+    return replace(WriteMemory(tenant_id="acme", user_id="u1", session_id="s1", layer=Layer.LONG_TERM,
+                               source=Source.USER_STATEMENT, content=content), **changes)
+
+
+async def test_an_identical_memory_is_merged_into_the_first_with_its_provenance_and_no_second_row() -> None:
+    db = MemoryDatabase()
+    first = await write_memory(a_write("I prefer window seats.", tags=("travel",)), FakeUnitOfWork(db), now=NOW)
+    again = await write_memory(a_write("i  PREFER window seats", tags=("seats",), derived_from=("msg-9",),
+                                       source=Source.AUTHORITATIVE_API), FakeUnitOfWork(db), now=NOW)
+    assert again.status is WriteStatus.MERGED and again.memory_id == first.memory_id
+    kept = db.rows[first.memory_id]
+    assert len(db.rows) == 1 and kept.merged_count == 1 and kept.engagement == 1.0
+    assert kept.tags == ("travel", "seats") and kept.derived_from == ("msg-9",)
+    merged = [e for _, e in db.published if isinstance(e, MemoryMerged)]
+    assert merged and merged[0].write.source is Source.AUTHORITATIVE_API
+
+
+async def test_identical_content_in_another_layer_or_of_another_user_is_not_merged() -> None:
+    db = MemoryDatabase()
+    await write_memory(a_write("likes jazz"), FakeUnitOfWork(db), now=NOW)
+    other_layer = await write_memory(a_write("likes jazz", layer=Layer.SHORT_TERM), FakeUnitOfWork(db), now=NOW)
+    other_user = await write_memory(a_write("likes jazz", user_id="u2"), FakeUnitOfWork(db), now=NOW)
+    assert other_layer.status is other_user.status is WriteStatus.STORED and len(db.rows) == 3
+
+
+async def test_a_near_duplicate_is_stored_and_linked_to_the_memory_it_resembles_in_both_languages() -> None:
+    db = MemoryDatabase()
+    for original, variant in [("I prefer window seats on long flights", "I prefer window seats on long flights!!"
+                               " please"), ("我喜欢靠窗的座位，长途飞行时", "我喜欢靠窗的座位，长途飞行的时候")]:
+        first = await write_memory(a_write(original), FakeUnitOfWork(db), now=NOW)
+        near = await write_memory(a_write(variant), FakeUnitOfWork(db), now=NOW)
+        assert near.status is WriteStatus.STORED and near.near_duplicate_of == first.memory_id
+        assert db.rows[near.memory_id].near_duplicate_of == first.memory_id
+    unrelated = await write_memory(a_write("drinks coffee black"), FakeUnitOfWork(db), now=NOW)
+    assert unrelated.near_duplicate_of == ""
+
+
+@given(st.text(min_size=1, max_size=80))
+def test_normalised_equal_texts_share_their_digest_and_signature(text) -> None:
+    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+    assert content_digest(text.upper() + " ,.") == content_digest(text.upper())
+    assert content_digest(wide) == content_digest(text)
+    assert similarity(minhash(wide), minhash(text)) == 1.0
+
+
+def test_unrelated_texts_are_far_below_the_near_duplicate_threshold() -> None:
+    assert similarity(minhash("用户住在杭州西湖区"), minhash("prefers aisle seats")) < NEAR_THRESHOLD / 2

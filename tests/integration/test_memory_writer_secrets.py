@@ -17,9 +17,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import asyncpg

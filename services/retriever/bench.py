@@ -1,8 +1,9 @@
 """`mnemesh bench search`: the retriever's costs, each beside its floor, in one run.
 
 - raw embedder throughput (the model alone, best batch size) vs indexing throughput through the whole
-  pipeline (redaction, embedding through the batcher, BM25, PostgreSQL upsert under the memory's lock,
-  Qdrant upsert), with `concurrency` memories in flight;
+  pipeline: the event's part (BM25 terms, PostgreSQL record under the memory's lock, NOTIFY), with
+  `concurrency` memories in flight, and the projector's (batches of recorded documents: redaction, one
+  embedding call, one Qdrant upsert, marked projected), until every memory is searchable;
 - raw engine hybrid query (dense + sparse, filters) vs the Search handler with the query vector given
   (fusion, PostgreSQL read-back, rescoring), and with the query embedded;
 - read-after-write visibility: an event acknowledged by Redis (XADD) -> found by search, at `rate` writes/s,
@@ -71,7 +72,9 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
     from services.retriever.adapters.vectors import EdgeVectorIndex, IndexQuery
     from services.retriever.domain import Bm25, Document, SearchQuery
     from services.retriever.service_layer.batching import BatchingEmbedder
-    from services.retriever.service_layer.handlers import Retrieval, index_document, search
+    from libs.db.notify import Notifier
+    from services.retriever.service_layer.handlers import Retrieval, record_document, search
+    from services.retriever.service_layer.projector import Projector
 
     sizes = [int(s) for s in str(memories).split(",")]
     rng = random.Random(1)
@@ -96,6 +99,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
                             hnsw_ef_construct=settings.hnsw_ef_construct)
     retrieval = Retrieval(index, BatchingEmbedder(embedder, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
     store = PostgresDocuments(db)
+    notifier = Notifier(db.connect, PostgresDocuments.channel(db))
     now = datetime.now(UTC)
     runs = []
     loaded = 0
@@ -109,12 +113,17 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
 
             async def one(d: Document, gate: asyncio.Semaphore = gate) -> None:
                 async with gate:
-                    await index_document(d, store, retrieval)
+                    await record_document(d, store, retrieval)
 
+            projector = Projector(store, retrieval, notifier.mark, notifier.wait)
             started = time.perf_counter()
+            running = asyncio.create_task(projector.run())  # as in the service: woken by each commit
             for i in range(0, len(docs), 1000):
                 await asyncio.gather(*(one(d) for d in docs[i:i + 1000]))
-                _say(f"  indexed {loaded + min(i + 1000, len(docs))}/{size}")
+                _say(f"  recorded {loaded + min(i + 1000, len(docs))}/{size}, projected {projector.projected}")
+            running.cancel()  # then the rest here (a batch it was writing is rolled back and redone)
+            await asyncio.gather(running, return_exceptions=True)
+            await projector.drain()
             index_rate = len(docs) / (time.perf_counter() - started)
             loaded = size
             started = time.perf_counter()
@@ -144,9 +153,10 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
                          "search_with_embedding": _stats(embedded)})
             _say(f"{size} memories: index {index_rate:.0f}/s, optimize {optimize_s:.1f} s, engine p95 {_pct(engine, .95):.2f} ms, search p95 "
                  f"{_pct(handler, .95):.2f} ms, with embedding p95 {_pct(embedded, .95):.2f} ms")
-        visibility = await _visibility(settings, db, retrieval, rate, writes)
+        visibility = await _visibility(settings, db, retrieval, rate, writes, notifier)
         _say(f"visibility at {rate:.0f} writes/s: p50 {visibility['p50_ms']} ms, p95 {visibility['p95_ms']} ms")
     finally:
+        await notifier.close()
         await asyncio.to_thread(index.close)
         tmp.cleanup()
         await db.close()
@@ -172,7 +182,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
                          "runs": runs, "visibility": visibility}], "summary": summary}
 
 
-async def _visibility(settings: Settings, db: Database, retrieval, rate: float, writes: int) -> dict:
+async def _visibility(settings: Settings, db: Database, retrieval, rate: float, writes: int, notifier) -> dict:
     """Publish memory.written events at `rate`/s; time XADD acknowledged -> the memory found by search."""
     from libs.events import Envelope
     from libs.events.bus import EventBus
@@ -183,6 +193,7 @@ async def _visibility(settings: Settings, db: Database, retrieval, rate: float, 
     from services.retriever.domain import SearchQuery
     from services.retriever.entrypoints.streams import on_memory_event
     from services.retriever.service_layer.handlers import search
+    from services.retriever.service_layer.projector import Projector
 
     namespace = f"bench{uuid.uuid4().hex[:6]}"
     bus = EventBus(settings.redis_url, consumer_name="bench", namespace=namespace)
@@ -190,6 +201,7 @@ async def _visibility(settings: Settings, db: Database, retrieval, rate: float, 
         lambda conn: PostgresDocuments(db, conn), retrieval)))
     await bus.start()
     store = PostgresDocuments(db)
+    projector = asyncio.create_task(Projector(store, retrieval, notifier.mark, notifier.wait).run())
     samples: list[float] = []
     pending: dict[str, float] = {}  # token -> when its XADD was acknowledged
     done = asyncio.Event()
@@ -226,6 +238,8 @@ async def _visibility(settings: Settings, db: Database, retrieval, rate: float, 
             pass  # reported below as not visible: the consumer could not keep up at this rate
     finally:
         checker.cancel()
+        projector.cancel()
+        await asyncio.gather(projector, return_exceptions=True)
         await bus.stop()
         redis = await bus.redis()
         await redis.delete(bus.stream_name(MEMORY_EVENTS))

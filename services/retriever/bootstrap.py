@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from libs.db.notify import Notifier
 from libs.events import Envelope
 from libs.events.schema import MEMORY_ACCESS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
@@ -17,6 +18,7 @@ from services.retriever.entrypoints import grpc_api, streams
 from services.retriever.service_layer.accesses import AccessBatcher
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.handlers import Retrieval
+from services.retriever.service_layer.projector import Projector
 
 NAME = "retriever"
 MIGRATIONS = "services.retriever"
@@ -51,5 +53,12 @@ async def bootstrap(ctx: ServiceContext) -> None:
     ctx.tasks.append(accesses.run)  # flushes once more when cancelled, before the bus stops
     retrieval = Retrieval(index, BatchingEmbedder(embedder), Bm25(avg_len=s.bm25_avg_len),
                           RetrieverMetrics(index.count), accesses)
+    # memory.written events are recorded by the stream handler; the projector embeds and indexes them in
+    # batches, woken by the NOTIFY of each recording's commit.
+    notifier = Notifier(ctx.db.connect, PostgresDocuments.channel(ctx.db))
+    ctx.closers.append(notifier.close)
+    projector = Projector(PostgresDocuments(ctx.db), retrieval, notifier.mark,
+                          notifier.wait)
+    ctx.tasks.append(projector.run)
     ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))
     ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))

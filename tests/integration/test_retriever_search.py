@@ -20,7 +20,7 @@ from services.retriever.adapters.vectors import EdgeVectorIndex
 from services.retriever.domain import Bm25, Document, SearchQuery
 from services.retriever.evaluation import DATASET, evaluate, load_dataset
 from services.retriever.service_layer.batching import BatchingEmbedder
-from services.retriever.service_layer.handlers import Retrieval, index_document, search
+from services.retriever.service_layer.handlers import Retrieval, index_document, project_pending, search
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +131,8 @@ async def test_forgotten_and_expired_memories_leave_search_within_one_projection
         hits = await search(SearchQuery("acme", "u1", "passport", mode="hybrid"), documents, retrieval, now=now)
         return {h.document.memory_id for h in hits}
 
+    assert await found() == set()  # recorded, not projected yet
+    assert await project_pending(documents, retrieval) == 2  # one projection cycle
     assert await found() == {forgotten_id, expiring_id}
     await handle(Envelope.wrap(events_pb2.MemoryForgotten(tenant=tenant, memory_ids=[forgotten_id]),
                                event_type="memory.forgotten", tenant_id="acme"))

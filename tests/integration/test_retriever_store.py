@@ -174,11 +174,13 @@ class FlakyIndex:
 async def test_concurrent_written_and_forgotten_events_in_either_order_never_leave_a_memory_in_either_store(
     database_url: str, schema: str, db: Database, tmp_path: Path
 ) -> None:
+    from libs.db.notify import Notifier
     from libs.events import Envelope
     from libs.idempotency import idempotent
     from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
     from libs.transient import is_transient
     from services.retriever.entrypoints.streams import on_memory_event
+    from services.retriever.service_layer.projector import Projector
 
     await apply_migrations(database_url, schema, load_migrations("services.retriever"))
     edge = EdgeVectorIndex(tmp_path / "memories", dim=DIM, hnsw_m=8, hnsw_ef_construct=50)
@@ -221,12 +223,23 @@ async def test_concurrent_written_and_forgotten_events_in_either_order_never_lea
         pairs.append(deliver(w) if n % 2 else deliver(f))
         pairs.append(deliver(f) if n % 2 else deliver(w))
     rng.shuffle(pairs)
-    await asyncio.gather(outage(), *pairs)
+    # The projector writes vectors in small batches while the events are handled and the index fails.
+    notifier = Notifier(db.connect, PostgresDocuments.channel(db))
+    projector = Projector(PostgresDocuments(db), retrieval, notifier.mark, notifier.wait, batch=4)
+    running = asyncio.create_task(projector.run())
+    try:
+        await asyncio.gather(outage(), *pairs)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await notifier.close()
+    await projector.drain()  # whatever the running projector had not reached yet
 
     async with db.system_transaction() as conn:
         left = await conn.fetchval("SELECT count(*) FROM documents WHERE memory_id = ANY($1::uuid[])", ids)
         tombstones = await conn.fetchval("SELECT count(*) FROM tombstones WHERE memory_id = ANY($1::uuid[])", ids)
         documents_kept = await conn.fetchval("SELECT count(*) FROM documents WHERE memory_id = ANY($1::uuid[])", kept)
+        unprojected = await conn.fetchval("SELECT count(*) FROM documents WHERE NOT projected")
     vectors = edge.count("acme")
     edge.close()
-    assert (left, tombstones, documents_kept, vectors) == (0, len(ids), len(kept), len(kept))
+    assert (left, tombstones, documents_kept, unprojected, vectors) == (0, len(ids), len(kept), 0, len(kept))

@@ -217,6 +217,9 @@ class FakeVectorIndex:
         for d, dense, sparse in documents:
             self.points[d.memory_id] = (payload_of(d), dense, sparse)
 
+    def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
+        return {m: p for m in memory_ids if (point := self.points.get(m)) and (p := point[0])["tenant_id"] == tenant_id}
+
     def _passes(self, p: dict, q, now) -> bool:
         return (p["tenant_id"] == q.tenant_id and (not q.user_id or p["user_id"] == q.user_id)
                 and (not q.session_id or p["session_id"] == q.session_id)

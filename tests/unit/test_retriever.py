@@ -330,3 +330,44 @@ async def test_returned_memories_are_reported_in_one_batch_per_user_and_kept_whe
     assert await retrieval.accesses.flush() == 2
     assert published == [("acme", "u1", ["m1", "m2"])]
     assert await retrieval.accesses.flush() == 0
+
+
+async def test_a_hit_is_served_from_the_index_payload_but_sensitive_content_is_read_back_from_the_store(
+    retrieval: Retrieval,
+) -> None:
+    store = FakeDocumentStore()
+    await index_document(a_doc("plain", "my phone plan renews in May"), store, retrieval)
+    await index_document(a_doc("secret", "my phone number is 13812345678"), store, retrieval)
+    payloads = {m: p for m, (p, _, _) in retrieval.index.points.items()}
+    assert payloads["plain"]["content"] == "my phone plan renews in May" and payloads["plain"]["complete"]
+    assert "content" not in payloads["secret"] and not payloads["secret"]["complete"]
+    fetched = []
+    fetch = store.fetch
+
+    async def spy(tenant_id: str, memory_ids: list[str]):
+        fetched.extend(memory_ids)
+        return await fetch(tenant_id, memory_ids)
+
+    store.fetch = spy
+    hits = {h.document.memory_id: h.document.content for h in await search(a_query("phone"), store, retrieval,
+                                                                             now=NOW)}
+    assert hits == {"plain": "my phone plan renews in May", "secret": "my phone number is 13812345678"}
+    assert fetched == ["secret"]
+
+
+async def test_recorded_memories_are_searchable_after_one_projection_batch_and_a_stale_version_is_refused(
+    retrieval: Retrieval,
+) -> None:
+    from services.retriever.service_layer.handlers import project_pending, record_document
+
+    store = FakeDocumentStore()
+    for n in range(5):
+        assert await record_document(a_doc(f"m{n}", f"passport renewal {n}"), store, retrieval, version=2)
+    assert await search(a_query("passport"), store, retrieval, now=NOW) == []
+    calls = len(retrieval.embedder.embedder.calls)
+    assert await project_pending(store, retrieval) == 5
+    assert len(retrieval.embedder.embedder.calls) == calls + 1  # one embedding call for the batch
+    assert await record_document(a_doc("m0", "an older version, delivered late"), store, retrieval, version=1) is False
+    assert await project_pending(store, retrieval) == 0
+    assert {h.document.memory_id for h in await search(a_query("passport"), store, retrieval, now=NOW)} == {
+        f"m{n}" for n in range(5)}

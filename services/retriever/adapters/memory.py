@@ -1,11 +1,13 @@
-"""Documents held in process: the evaluation harness's store (no PostgreSQL needed), same port and rules
-as PostgresDocuments (tombstones; `then` runs under the per-memory lock before the change is visible)."""
+"""Documents held in process: the evaluation harness's store and the unit tests' (no PostgreSQL needed), same
+port and rules as PostgresDocuments (tombstones, versions; `then` runs under the per-memory lock before the
+change is visible; recorded documents wait for the projector)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from services.retriever.domain import Document
 
@@ -15,17 +17,53 @@ __all__ = ["InMemoryDocuments"]
 class InMemoryDocuments:
     def __init__(self) -> None:
         self.documents: dict[str, Document] = {}
+        self.versions: dict[str, int] = {}
+        self.unprojected: dict[str, None] = {}  # insertion order: the projector's queue
         self.tombstones: set[str] = set()
+        self.recorded = asyncio.Event()  # set by record(): the projector's wake-up (NOTIFY in PostgreSQL)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def upsert(self, d: Document, then: Callable[[], Awaitable[None]] | None = None) -> bool:
+    def _write(self, d: Document, version: int, projected: bool) -> bool:
+        if d.memory_id in self.tombstones or self.versions.get(d.memory_id, 0) > version:
+            return False
+        self.documents[d.memory_id], self.versions[d.memory_id] = d, version
+        if projected:
+            self.unprojected.pop(d.memory_id, None)
+        else:
+            self.unprojected[d.memory_id] = None
+        return True
+
+    async def upsert(self, d: Document, then: Callable[[], Awaitable[None]] | None = None,
+                     version: int = 0) -> bool:
         async with self._locks[d.memory_id]:
-            if d.memory_id in self.tombstones:
+            if d.memory_id in self.tombstones or self.versions.get(d.memory_id, 0) > version:
                 return False
             if then is not None:
                 await then()
-            self.documents[d.memory_id] = d
-            return True
+            return self._write(d, version, projected=True)
+
+    async def record(self, d: Document, version: int = 0) -> bool:
+        async with self._locks[d.memory_id]:
+            recorded = self._write(d, version, projected=False)
+        if recorded:
+            self.recorded.set()
+        return recorded
+
+    @contextlib.asynccontextmanager
+    async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
+        taken = []
+        for m in list(self.unprojected)[:limit]:
+            if not self._locks[m].locked():  # as pg_try_advisory_xact_lock: never wait
+                await self._locks[m].acquire()
+                taken.append(m)
+        try:
+            documents = [self.documents[m] for m in taken if m in self.unprojected]
+            yield documents
+            for d in documents:
+                self.unprojected.pop(d.memory_id, None)
+        finally:
+            for m in taken:
+                self._locks[m].release()
 
     async def delete(self, tenant_id: str, memory_ids: list[str],
                      then: Callable[[], Awaitable[None]] | None = None) -> int:
@@ -37,6 +75,7 @@ class InMemoryDocuments:
             for m in memory_ids:
                 if m in self.documents and self.documents[m].tenant_id == tenant_id:
                     del self.documents[m]
+                    self.unprojected.pop(m, None)
                     removed += 1
             if then is not None:
                 await then()

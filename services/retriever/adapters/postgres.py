@@ -9,7 +9,8 @@ on any replica) can never bring the memory back. The vector upsert runs under th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 
@@ -19,16 +20,22 @@ from services.retriever.domain import Document
 __all__ = ["PostgresDocuments"]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::text[]) AS m ORDER BY m"
+# The same lock, only where free: the projector never waits for a handler (nor a handler for a deadlock).
+_TRY_LOCK = "SELECT m FROM unnest($1::text[]) AS m WHERE pg_try_advisory_xact_lock(hashtext('memory:' || m))"
+# $19 version: a memory.written older than the recorded one is refused; $20 projected: whether the vectors
+# are written in this same transaction (false: the projector will).
 _UPSERT = (
     "INSERT INTO documents (memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
-    " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id, attributes)"
-    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18"
+    " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id, attributes,"
+    " version, projected)"
+    " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20"
     " WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE memory_id = $1::uuid)"
     " ON CONFLICT (memory_id) DO UPDATE SET content = EXCLUDED.content, terms = EXCLUDED.terms,"
     " tags = EXCLUDED.tags, confidence = EXCLUDED.confidence, source = EXCLUDED.source,"
     " expires_at = EXCLUDED.expires_at, key = EXCLUDED.key, derived_from = EXCLUDED.derived_from,"
     " engagement = EXCLUDED.engagement, archived = EXCLUDED.archived, attributes = EXCLUDED.attributes,"
-    " indexed_at = now()"
+    " version = EXCLUDED.version, projected = EXCLUDED.projected, indexed_at = now()"
+    " WHERE documents.version <= EXCLUDED.version"
 )
 _COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
             " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id,"
@@ -47,6 +54,11 @@ class PostgresDocuments:
     def __init__(self, db: Database, conn: asyncpg.Connection | None = None) -> None:
         self.db, self.conn = db, conn
 
+    @staticmethod
+    def channel(db: Database) -> str:
+        """The NOTIFY channel that wakes the projectors of this schema once a recorded document commits."""
+        return f"{db.schema}.projection"
+
     async def _in_transaction(self, tenant_id: str, work) -> object:
         if self.conn is not None:
             async with self.conn.transaction():  # a savepoint inside the handler's transaction
@@ -54,21 +66,56 @@ class PostgresDocuments:
         async with self.db.transaction(tenant_id) as conn:
             return await work(conn)
 
-    async def upsert(self, d: Document, then: Callable[[], Awaitable[None]] | None = None) -> bool:
+    async def upsert(self, d: Document, then: Callable[[], Awaitable[None]] | None = None,
+                     version: int = 0) -> bool:
         """Index `d` unless its memory was forgotten; True when it was indexed. `then` (the vector upsert)
         runs only when it was, under the memory's lock and inside the transaction: if it fails, nothing
         is kept and the event is retried."""
         async def work(conn: asyncpg.Connection) -> bool:
             await conn.execute(_LOCK, [d.memory_id])
-            indexed = rowcount(await conn.execute(
-                _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
-                d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
-                d.engagement, d.archived, d.step_id, d.attributes)) == 1  # jsonb: the pool codec encodes it
+            indexed = await self._write(conn, d, version, projected=True)
             if indexed and then is not None:
                 await then()
             return indexed
 
         return await self._in_transaction(d.tenant_id, work)
+
+    @staticmethod
+    async def _write(conn: asyncpg.Connection, d: Document, version: int, *, projected: bool) -> bool:
+        return rowcount(await conn.execute(
+            _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
+            d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
+            d.engagement, d.archived, d.step_id, d.attributes,  # jsonb: the pool codec encodes it
+            version, projected)) == 1
+
+    async def record(self, d: Document, version: int = 0) -> bool:
+        """Record `d` for the projector (its vectors come later, in a batch) unless its memory was forgotten
+        or a newer version is recorded; True when recorded. Committing wakes the projectors (NOTIFY)."""
+        async def work(conn: asyncpg.Connection) -> bool:
+            await conn.execute(_LOCK, [d.memory_id])
+            recorded = await self._write(conn, d, version, projected=False)
+            if recorded:
+                await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
+            return recorded
+
+        return await self._in_transaction(d.tenant_id, work)
+
+    @contextlib.asynccontextmanager
+    async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
+        """Up to `limit` recorded documents whose vectors are not written yet, each under its memory's lock
+        (one another projector or a handler holds is left for later). The body writes their vectors; when
+        it returns they are marked projected, in the same transaction; when it raises, nothing is."""
+        async with self.db.system_transaction() as conn:  # the projector's queue spans every tenant
+            candidates = [r[0] for r in await conn.fetch(
+                "SELECT memory_id::text FROM documents WHERE NOT projected ORDER BY indexed_at LIMIT $1", limit)]
+            locked = [r[0] for r in await conn.fetch(_TRY_LOCK, candidates)] if candidates else []
+            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+                                    " AND NOT projected", locked) if locked else []
+            documents = [_document(r) for r in rows]
+            yield documents
+            if documents:
+                await conn.execute("UPDATE documents SET projected = true WHERE memory_id = ANY($1::uuid[])",
+                                   [d.memory_id for d in documents])
 
     async def delete(self, tenant_id: str, memory_ids: list[str],
                      then: Callable[[], Awaitable[None]] | None = None) -> int:

@@ -1,33 +1,62 @@
 """The vector index: the Qdrant engine in process (qdrant-edge) or a Qdrant server (qdrant-client).
 
 One collection of memories: a dense vector (the embedder's size) and a BM25 sparse vector with
-Qdrant's IDF modifier (see domain/sparse.py). The payload holds only ids and the fields the
-filters need (never content: sensitive values must not reach Qdrant). Tenant isolation is a filter
-on every operation. Every method blocks: callers run them off the event loop.
+Qdrant's IDF modifier (see domain/sparse.py). The payload holds the fields the filters need and
+what a hit reports, so a search need not read its hits back from PostgreSQL; content, key and
+attributes only when they hold nothing sensitive (`complete`: false otherwise, and the hit is read
+back). Tenant isolation is a filter on every operation. Every method blocks: callers run them off
+the event loop.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
-from services.retriever.domain import Document, SearchQuery, SparseVector
+from services.retriever.domain import Document, SearchQuery, SparseVector, redact
 
-__all__ = ["COLLECTION", "DENSE_SIZE", "EdgeVectorIndex", "IndexQuery", "ServerVectorIndex", "open_vector_index",
-           "payload_of"]
+__all__ = ["COLLECTION", "DENSE_SIZE", "EdgeVectorIndex", "IndexQuery", "ServerVectorIndex", "document_of",
+           "open_vector_index", "payload_of"]
 
 DENSE_SIZE = 512  # the default embedder's (use-multilingual); the index takes the embedder's size
 COLLECTION = "memories"
 
 
+def _clean(text: str) -> bool:
+    return redact(text) == text
+
+
 def payload_of(d: Document) -> dict:
-    return {"tenant_id": d.tenant_id, "memory_id": d.memory_id, "user_id": d.user_id, "session_id": d.session_id,
-            "layer": d.layer, "confidence": d.confidence, "tags": list(d.tags),
-            "archived": int(d.archived),  # 0/1: qdrant-edge 0.9 matches no boolean payload with MatchValue(True)
-            "created_at": d.created_at.timestamp(),
-            "expires_at": d.expires_at.timestamp() if d.expires_at else None}
+    payload = {"tenant_id": d.tenant_id, "memory_id": d.memory_id, "user_id": d.user_id, "session_id": d.session_id,
+               "layer": d.layer, "confidence": d.confidence, "tags": list(d.tags),
+               "archived": int(d.archived),  # 0/1: qdrant-edge 0.9 matches no boolean payload with MatchValue(True)
+               "created_at": d.created_at.timestamp(),
+               "expires_at": d.expires_at.timestamp() if d.expires_at else None,
+               "source": d.source, "derived_from": list(d.derived_from), "engagement": d.engagement,
+               "step_id": d.step_id}
+    if _clean(d.content) and _clean(d.key) and _clean(json.dumps(d.attributes, ensure_ascii=False)):
+        payload.update(content=d.content, key=d.key, attributes=d.attributes, complete=True)
+    else:  # a sensitive value stays in PostgreSQL only: the hit is read back from there
+        payload["complete"] = False
+    return payload
+
+
+def document_of(payload: dict) -> Document | None:
+    """The document a complete payload carries (None: read it back from PostgreSQL)."""
+    if not payload.get("complete"):
+        return None
+    expires = payload.get("expires_at")
+    return Document(
+        memory_id=payload["memory_id"], tenant_id=payload["tenant_id"], user_id=payload["user_id"],
+        session_id=payload["session_id"], layer=payload["layer"], source=payload["source"],
+        confidence=payload["confidence"], content=payload["content"], terms=(), tags=tuple(payload["tags"]),
+        created_at=datetime.fromtimestamp(payload["created_at"], UTC),
+        expires_at=datetime.fromtimestamp(expires, UTC) if expires is not None else None, key=payload["key"],
+        derived_from=tuple(payload["derived_from"]), engagement=payload["engagement"],
+        archived=bool(payload["archived"]), step_id=payload["step_id"], attributes=payload["attributes"] or {})
 
 
 @dataclass(frozen=True)
@@ -124,6 +153,13 @@ class EdgeVectorIndex:
                                                     limit=iq.limit, with_payload=["memory_id"]))
             dense_hits = [(h.payload["memory_id"], h.score) for h in hits]
         return dense_hits, sparse_hits
+
+    def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
+        """The payloads of these points that belong to `tenant_id`."""
+        if not memory_ids:
+            return {}
+        records = self.shard.retrieve([uuid.UUID(m) for m in memory_ids], with_payload=True, with_vector=False)
+        return {r.payload["memory_id"]: r.payload for r in records if r.payload.get("tenant_id") == tenant_id}
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         qe = self._qe
@@ -231,6 +267,12 @@ class ServerVectorIndex:
                                             limit=iq.limit, with_payload=["memory_id"]).points
             dense_hits = [(h.payload["memory_id"], h.score) for h in hits]
         return dense_hits, sparse_hits
+
+    def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
+        if not memory_ids:
+            return {}
+        records = self.client.retrieve(self.collection, ids=memory_ids, with_payload=True, with_vectors=False)
+        return {r.payload["memory_id"]: r.payload for r in records if r.payload.get("tenant_id") == tenant_id}
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
         self.client.delete(self.collection, points_selector=self._m.FilterSelector(

@@ -1,4 +1,4 @@
-"""Memory events -> the retriever's projection (PostgreSQL documents + the vector index)."""
+"""Memory events -> the retriever's projection (PostgreSQL documents now, vectors by the projector)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], ret
     async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
         message = envelope.message()
         if envelope.event_type == "memory.written":  # a new memory, a correction or a confirmation
-            await handlers.index_document(document_from_proto(message.memory), store_in(conn), retrieval)
+            await handlers.record_document(document_from_proto(message.memory), store_in(conn), retrieval,
+                                           version=message.version)
         elif envelope.event_type == "memory.forgotten":  # forgotten, expired, quarantined: out of every store
             await handlers.forget_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn),
                                             retrieval.index)

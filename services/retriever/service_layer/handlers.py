@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from libs.errors import ValidationFailed
-from services.retriever.domain import Bm25, Document, Hit, SearchQuery, fuse, redact, rescore
+from libs.transient import is_transient
+from services.retriever.domain import Bm25, Document, Hit, SearchQuery, SparseVector, fuse, redact, rescore
 from services.retriever.domain.sparse import terms
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 
-__all__ = ["Retrieval", "forget_documents", "index_document", "search"]
+__all__ = ["PROJECTION_BATCH", "Retrieval", "encode", "forget_documents", "index_document", "project_pending",
+           "record_document", "search"]
+
+log = logging.getLogger("mnemesh.retriever")
 
 CONTEXT_WEIGHT = 0.3  # the turn before a memory (attributes.context) adds to its vector at this weight
-FETCH_FACTOR = 3  # fused candidates read back from PostgreSQL per requested hit (rescoring may reorder them)
+FETCH_FACTOR = 3  # fused candidates rescored per requested hit (rescoring may reorder them)
+PROJECTION_BATCH = 128  # documents embedded and upserted together by the projector
 
 
 @dataclass
@@ -40,30 +46,64 @@ def _normalised(v: list[float]) -> list[float]:
 
 
 def _with_terms(d: Document, bm25: Bm25) -> Document:
-    from dataclasses import replace
-
     return replace(d, terms=tuple(dict.fromkeys(terms(redact(d.indexed_text()), bm25.segmenter))))
 
 
-async def index_document(document: Document, store: DocumentStore, r: Retrieval) -> bool:
-    """Embed and encode `document`, then upsert it in PostgreSQL and, under the same lock, in the vector
-    index. A forgotten memory is indexed nowhere. True when indexed."""
-    text = redact(document.indexed_text())
+async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document, list[float], SparseVector]]:
+    """Dense and sparse vectors of a batch: one call to the embedder for every text of the batch (the
+    turn's own meaning first, its context, if any, as a lighter second component)."""
+    if not documents:
+        return []
+    texts = [redact(d.indexed_text()) for d in documents]
+    contexts = [redact(c) if (c := d.context()) else "" for d in documents]
     started = time.perf_counter()
-    context = document.context()
-    if context:  # the turn's own meaning first, its context as a lighter second component
-        own, around = await r.embedder.embed([text, redact(context)])
-        dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(own, around, strict=True)])
-    else:
-        (dense,) = await r.embedder.embed([text])
+    vectors = iter(await r.embedder.embed(texts + [c for c in contexts if c]))
+    own = [next(vectors) for _ in texts]
+    out = []
+    for d, text, context, dense in zip(documents, texts, contexts, own, strict=True):
+        if context:
+            around = next(vectors)
+            dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(dense, around, strict=True)])
+        out.append((_with_terms(d, r.bm25), dense, r.bm25.document(text)))
     r._timed("embed_document", started)
-    sparse = r.bm25.document(text)
-    document = _with_terms(document, r.bm25)
+    return out
+
+
+async def index_document(document: Document, store: DocumentStore, r: Retrieval, version: int = 0) -> bool:
+    """Embed and encode `document`, then upsert it in PostgreSQL and, under the same lock, in the vector
+    index, at once (tests, the evaluation harness). A forgotten memory is indexed nowhere. True when indexed."""
+    ((document, dense, sparse),) = await encode([document], r)
 
     async def upsert_vectors() -> None:
         await asyncio.to_thread(r.index.upsert, [(document, dense, sparse)])
 
-    return await store.upsert(document, then=upsert_vectors)
+    return await store.upsert(document, then=upsert_vectors, version=version)
+
+
+async def record_document(document: Document, store: DocumentStore, r: Retrieval, version: int = 0) -> bool:
+    """The event's part of indexing (a memory.written): record the document, with its BM25 terms, for the
+    projector, unless its memory was forgotten or a newer version is recorded. True when recorded."""
+    return await store.record(_with_terms(document, r.bm25), version)
+
+
+async def project_pending(store: DocumentStore, r: Retrieval, limit: int = PROJECTION_BATCH) -> int:
+    """Write the vectors of up to `limit` recorded documents: one embedding call and one index upsert for
+    the batch, under the memories' locks (a forget waits for it, or it skips the forgotten). How many."""
+    async with store.pending(limit) as documents:
+        if not documents:
+            return 0
+        try:
+            encoded = await encode(documents, r)
+            started = time.perf_counter()
+            await asyncio.to_thread(r.index.upsert, encoded)
+            r._timed("index_upsert", started)
+        except Exception as exc:  # classified: only a lone document's permanent failure is kept
+            if is_transient(exc) or len(documents) > 1:
+                raise  # nothing is marked; the projector retries (one by one after a permanent failure)
+            # One document that can never be embedded or indexed must not hold up every one behind it.
+            log.exception("memory left out of the vector index: it cannot be projected (a rebuild retries it)",
+                          extra={"memory_id": documents[0].memory_id})
+        return len(documents)
 
 
 async def forget_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore, index: VectorIndex) -> int:
@@ -79,7 +119,7 @@ async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: da
                  dense: list[float] | None = None) -> list[Hit]:
     """Filters and hybrid retrieval in the index, fusion, then rescoring over the authoritative documents.
     `dense`: a query vector computed already (benchmarks measure search without the embedding)."""
-    from services.retriever.adapters.vectors import IndexQuery  # the query shape both engines take
+    from services.retriever.adapters.vectors import IndexQuery, document_of  # the shapes both engines take
 
     q = query.validated()
     now = now or datetime.now(UTC)
@@ -92,16 +132,16 @@ async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: da
         (dense,) = await r.embedder.embed([q.text])
         r._timed("embed_query", started)
     started = time.perf_counter()
-    dense_hits, sparse_hits = await asyncio.to_thread(r.index.query, IndexQuery(
-        q, dense if wants_dense else None, sparse, now, q.candidates, two_stage=q.two_stage and wants_dense))
+    index_query = IndexQuery(q, dense if wants_dense else None, sparse, now, q.candidates,
+                             two_stage=q.two_stage and wants_dense)
+    # One hop off the event loop: the engine query, fusion and the candidates' payloads.
+    candidates, payloads = await asyncio.to_thread(_query_and_fuse, r.index, index_query, q)
     r._timed("index", started)
-    if q.mode == "dense":
-        sparse_hits = []
-    elif q.mode == "sparse":
-        dense_hits = []
-    candidates = fuse(dense_hits, sparse_hits, q)[: max(q.limit * FETCH_FACTOR, 30)]
     started = time.perf_counter()
-    documents = await store.fetch(q.tenant_id, [c.memory_id for c in candidates])
+    documents = {m: d for m, p in payloads.items() if (d := document_of(p)) is not None}
+    missing = [c.memory_id for c in candidates if c.memory_id not in documents]
+    if missing:  # a payload that could not carry the hit (sensitive content), or written by an older version
+        documents.update(await store.fetch(q.tenant_id, missing))
     hits = rescore(q, candidates, documents, now)
     r._timed("fetch_rescore", started)
     if r.observe is not None:
@@ -109,3 +149,14 @@ async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: da
     if r.accesses is not None:
         r.accesses.record(q.tenant_id, hits)
     return hits
+
+
+def _query_and_fuse(index: VectorIndex, iq, q: SearchQuery):
+    """Blocking: the engine query, fusion, then the payloads of the candidates that may be returned."""
+    dense_hits, sparse_hits = index.query(iq)
+    if q.mode == "dense":
+        sparse_hits = []
+    elif q.mode == "sparse":
+        dense_hits = []
+    candidates = fuse(dense_hits, sparse_hits, q)[: max(q.limit * FETCH_FACTOR, 30)]
+    return candidates, index.retrieve(q.tenant_id, [c.memory_id for c in candidates])

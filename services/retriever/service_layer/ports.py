@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from services.retriever.domain import Document, SparseVector
@@ -11,9 +12,18 @@ __all__ = ["DocumentStore", "Embedder", "VectorIndex"]
 
 
 class DocumentStore(Protocol):
-    async def upsert(self, document: Document, then: Callable[[], Awaitable[None]] | None = None) -> bool:
-        """Index `document` unless its memory was forgotten (events may come out of order); True if indexed.
-        `then` runs only if it was, under the memory's lock, before commit."""
+    async def upsert(self, document: Document, then: Callable[[], Awaitable[None]] | None = None,
+                     version: int = 0) -> bool:
+        """Index `document` unless its memory was forgotten (events may come out of order) or a newer version
+        is indexed; True if indexed. `then` runs only if it was, under the memory's lock, before commit."""
+        ...
+
+    async def record(self, document: Document, version: int = 0) -> bool:
+        """As upsert, but the vectors are left to the projector (`pending`); True if recorded."""
+        ...
+
+    def pending(self, limit: int) -> AbstractAsyncContextManager[list[Document]]:
+        """Up to `limit` recorded documents without vectors, locked; marked projected when the body returns."""
         ...
 
     async def delete(self, tenant_id: str, memory_ids: list[str],
@@ -31,6 +41,7 @@ class VectorIndex(Protocol):
 
     def upsert(self, documents: list[tuple[Document, list[float], SparseVector]]) -> None: ...
     def query(self, iq) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]: ...
+    def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]: ...
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None: ...
     def count(self, tenant_id: str | None = None) -> int: ...
     def optimize(self) -> bool: ...

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_commands(sub)
 
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
-    p.add_argument("name", help="eventstore, bus, adapter, search or list")
+    p.add_argument("name", help="eventstore, bus, adapter, search, tools or list")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000; the issue's "

@@ -27,6 +27,7 @@ import httpx2
 from google.protobuf import struct_pb2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import SecretStr
 
 from libs.auth import issue_token
 from libs.config import Settings
@@ -141,7 +142,7 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
            "MNEMESH_TOOL_GATEWAY_GRPC_PORT": str(grpc_port), "MNEMESH_MCP_HTTP_PORT": str(mcp_port),
            "MNEMESH_TOOL_UPSTREAMS_FILE": str(config), "MNEMESH_LOG_LEVEL": "warning",
            "MNEMESH_TOOL_RATE_PER_CALLER": "1000000", "MNEMESH_TOOL_RATE_PER_TOOL": "1000000"}
-    token = issue_token(settings.model_copy(update={"jwt_secret": secret}), subject="bench", tenant_id="bench",
+    token = issue_token(settings.model_copy(update={"jwt_secret": SecretStr(secret)}), subject="bench", tenant_id="bench",
                         scopes=["tools:read", "tools:call"])
     gateway_url = f"http://127.0.0.1:{mcp_port}/mcp"
     try:

@@ -159,13 +159,17 @@ class UpstreamManager:
                 await self._refresh(name, conn)
                 self._rebuild()
                 continue
-            assert conn.client is not None
+            # The liveness probe is a fresh tools/list: `ping` is gone from the 2026-07-28 revision, and an
+            # upstream on it sends no list_changed, so this is also how its tool changes are seen.
+            before = dict(conn.tools)
             async with asyncio.timeout(self.ping_seconds):
-                await conn.client.send_ping()
+                await self._refresh(name, conn)
+            if conn.tools != before:
+                self._rebuild()
 
     async def _refresh(self, name: str, conn: _Connection) -> None:
         assert conn.client is not None
-        listed = await conn.client.list_tools()
+        listed = await conn.client.list_tools(cache_mode="bypass")
         prefix = name if conn.config.prefix is None else conn.config.prefix
         taken = {n for other, c in self.connections.items() if other != name for n in c.tools}
         tools: dict[str, types.Tool] = {}

@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     tool_result_max_bytes: int = Field(16_384, ge=256, description="result size past which it is truncated")
     tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
     tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
+    tool_upstream_commands: str = Field("", description="executables AddUpstream may start as stdio upstreams "
+                                                        "(comma-separated, e.g. uvx,npx); empty: URLs only")
+    tool_upstream_poll_seconds: float = Field(2.0, gt=0, description="how often a replica picks up upstreams "
+                                                                      "added or removed through another one")
+    tool_list_experience: bool = Field(True, description="tools/list appends each tool's experience note")
     tool_adapter_token: SecretStr = Field(SecretStr(""), description="the gateway's token for Adapter.Invoke")
 
     adapter_backends: str = Field("", description="legacy backends, id=kind:location,...")

@@ -7,6 +7,8 @@
   read-after-write visibility; its final JSON line carries a `summary`.
 - write: memories/s through the commands stream and gRPC WriteBatch of the running mesh vs plain
   batched inserts of the same rows (services/memory_writer/bench.py; --n, --batch).
+- tools: one upstream MCP tool directly with the SDK vs through the tool-gateway (MCP and gRPC)
+  (services/tool_gateway/bench.py); its final JSON line carries a `summary`.
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ async def bench_bus(settings: Settings, repetitions: int, warmup: int) -> list[d
         await bus.stop()
 
 
+async def bench_tools(settings: Settings, repetitions: int, warmup: int) -> dict:
+    from services.tool_gateway.bench import bench_tools as run
+
+    return await run(settings, repetitions, warmup)
+
+
 async def bench_search(settings: Settings, repetitions: int, warmup: int, **options) -> dict:
     from services.retriever.bench import bench_search as run
 
@@ -113,6 +121,7 @@ BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
     "bus": bench_bus,
     "adapter": bench_adapter,
     "search": bench_search,
+    "tools": bench_tools,
 }
 
 

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_commands(sub)
 
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
-    p.add_argument("name", help="eventstore, bus, adapter, search, write or list")
+    p.add_argument("name", help="eventstore, bus, adapter, search, tools, write or list")
     p.add_argument("--n", type=int, default=20_000, help="write: memories per path")
     p.add_argument("--batch", type=int, default=200, help="write: batch size (stream read, WriteBatch, baseline)")
     p.add_argument("--repetitions", type=int, default=200)

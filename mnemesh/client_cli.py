@@ -30,6 +30,7 @@ from libs.protogen.mnemesh.v1 import (
 from libs.rpc import channel, error_detail
 from mnemesh.adapter_cli import add_adapter_commands
 from mnemesh.memory_cli import add_memory_commands
+from mnemesh.tools_cli import add_tools_commands
 
 __all__ = ["add_client_commands"]
 
@@ -162,6 +163,7 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
     p = tools.add_parser("list", help="list registered tools")
     identity(p)
     p.set_defaults(func=bind(tools_list))
+    add_tools_commands(tools, settings_of, _run, identity)
 
     add_adapter_commands(sub, settings_of, _run, identity)
 

@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
+from libs.logs import get_logger
 from libs.runtime import ServiceContext
+from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
-from services.tool_gateway.adapters.experience import project_tool_event
+from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
 from services.tool_gateway.adapters.federated import FederatedRegistry
 from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
 from services.tool_gateway.adapters.redis_state import (
     BreakerSettings,
     RedisBreakers,
+    RedisCanaryCounters,
     RedisRateLimiter,
     RedisResultStore,
 )
+from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
 from services.tool_gateway.entrypoints import grpc_api, mcp_server
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
+from services.tool_gateway.service_layer.upstreams import reconcile
 
+log = get_logger(__name__)
 NAME = "tool-gateway"
 MIGRATIONS = "services.tool_gateway"
 
@@ -39,6 +46,8 @@ async def bootstrap(ctx: ServiceContext) -> None:
     if settings.tool_upstreams_file:
         for config in load_upstreams(Path(settings.tool_upstreams_file).read_text()):
             upstreams.add(config)
+    from_file = frozenset(upstreams.connections)
+    upstream_store = PostgresUpstreams(ctx.db)
     adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}",
                                 settings.tool_adapter_token.get_secret_value())
     ctx.closers.append(adapter.aclose)
@@ -52,13 +61,28 @@ async def bootstrap(ctx: ServiceContext) -> None:
         backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
         call_log=PostgresCallLog(ctx.db, ctx.outbox),
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
+        canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )
-    ctx.add_grpc(grpc_api.registration(ports))
+    experience = PostgresExperienceReader(ctx.db)
+    allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
+    ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
     ctx.subscribe(TOOL_EVENTS, project_tool_event)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
-                                  allowed_origins=settings.mcp_allowed_origins)
+                                  allowed_origins=settings.mcp_allowed_origins,
+                                  experience=experience if settings.tool_list_experience else None)
+
+    async def follow_upstreams() -> None:
+        """Upstreams added or removed through any replica reach this one within a poll."""
+        while True:
+            try:
+                await reconcile(upstream_store, upstreams, from_file)
+            except TRANSIENT_ERRORS as exc:  # PostgreSQL away for a moment: the next poll catches up
+                log.warning("upstreams not reconciled", error=type(exc).__name__)
+            await asyncio.sleep(settings.tool_upstream_poll_seconds)
+
+    ctx.tasks.append(follow_upstreams)
 
     async def serve_mcp() -> None:
         await serve_asgi(mcp_app, host=settings.host, port=settings.mcp_http_port,

@@ -19,6 +19,7 @@ from google.protobuf import struct_pb2
 from http_backend import HttpBackend, http_backend
 from test_mcp import Gateway, gateway_settings, mcp_client, register
 
+from libs.auth import issue_token
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel, error_detail
 
@@ -140,20 +141,35 @@ async def test_a_big_result_is_capped_and_readable_whole_from_the_results_store(
     assert response.result["total_bytes"] > gateway.settings.tool_result_max_bytes
 
 
-async def test_the_tool_called_event_reaches_the_experience_projection(gateway: Gateway, backend: HttpBackend) -> None:
+async def test_tool_events_build_per_tenant_experience_served_by_tool_stats_and_tools_list(
+    gateway: Gateway, backend: HttpBackend
+) -> None:
     await register(gateway, "crm.customer", input_schema=CUSTOMER, backend=f"http:GET {backend.url('/customers/{cid}')}")
-    await grpc_call(gateway, "crm.customer", {"cid": "c-1"})
+    await grpc_call(gateway, "crm.customer", {"cid": "c-1"}, context="refund")
     await grpc_call(gateway, "crm.customer", {"cid": "missing"})
-    conn = await asyncpg.connect(gateway.settings.database_url,
-                                 server_settings={"search_path": f"{gateway.settings.namespace}_tool_gateway"})
-    try:
+    async with channel(gateway.grpc, gateway.token("tools:read")) as ch:
+        stub = tools_pb2_grpc.ToolGatewayStub(ch)
         with anyio.fail_after(20):
-            while (row := await conn.fetchrow("SELECT * FROM tool_experience WHERE name = 'crm.customer'")) is None \
-                    or row["calls"] < 2:
+            while not (stats := (await stub.ToolStats(tools_pb2.ToolStatsRequest(name="crm.customer"))).stats) \
+                    or stats[0].calls < 2:
                 await anyio.sleep(0.05)
-    finally:
-        await conn.close()
-    assert (row["calls"], row["failures"]) == (2, 1) and "HTTP 404" in row["last_error"]
+        [refund] = (await stub.ToolStats(tools_pb2.ToolStatsRequest(name="crm.customer", context="refund"))).stats
+        [listed] = (await stub.ListTools(tools_pb2.ListToolsRequest(with_experience=True))).tools
+    async with channel(gateway.grpc, issue_token(gateway.settings, subject="x", tenant_id="other",
+                                                 scopes=["tools:read"])) as ch:
+        others = (await tools_pb2_grpc.ToolGatewayStub(ch).ToolStats(tools_pb2.ToolStatsRequest())).stats
+    [stat] = stats
+    assert (stat.calls, stat.failures, stat.success_rate) == (2, 1, 0.5) and 0 < stat.p50_ms <= stat.p99_ms
+    assert stat.common_errors[0].error_type == "backend_error" and "HTTP 404" in stat.common_errors[0].reason
+    assert stat.best_arguments["cid"] == ["c-1"] and (refund.calls, refund.failures) == (1, 0)
+    assert "[experience: 50 % success over 2 calls" in listed.description
+    async with mcp_client(gateway, gateway.token("tools:read", "tools:call")) as client:
+        [tool] = (await client.list_tools()).tools
+        guide = await client.read_resource("mem://tool/crm.customer/guide")
+        prompt = await client.get_prompt("crm.customer", {"task": "find customer c-9"})
+    assert "common error: backend_error" in tool.description
+    assert "1× backend_error" in guide.contents[0].text and "Task: find customer c-9" in prompt.messages[0].content.text
+    assert others == []  # another tenant sees none of it (arguments included)
 
 
 @pytest.fixture

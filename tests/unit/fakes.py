@@ -273,6 +273,7 @@ class FakeRegistry:
     def __init__(self) -> None:
         self.tools: dict[tuple[str, str], ToolSpec] = {}
         self.announced: list[ToolSpec] = []  # the tool.registered events
+        self.rollout_of: dict = {}  # tool name -> Rollout
 
     async def register(self, spec: ToolSpec) -> bool:
         if (spec.name, spec.version) in self.tools:
@@ -287,6 +288,25 @@ class FakeRegistry:
 
     async def versions(self, name: str) -> list[ToolSpec]:
         return [s for (n, _), s in self.tools.items() if n == name]
+
+    async def lookup(self, name: str):
+        return await self.versions(name), self.rollout_of.get(name)
+
+    async def remove(self, name: str, version: str = "") -> list[str]:
+        gone = sorted(v for (n, v) in self.tools if n == name and version in ("", v))
+        for v in gone:
+            del self.tools[name, v]
+        return gone
+
+    async def rollouts(self):
+        return dict(self.rollout_of)
+
+    async def save_rollout(self, rollout, expect_canary: str | None = None) -> bool:
+        held = self.rollout_of.get(rollout.name)
+        if expect_canary is not None and held is not None and held.canary != expect_canary:
+            return False
+        self.rollout_of[rollout.name] = rollout
+        return True
 
 
 # --- orchestrator -------------------------------------------------------------------------------------------

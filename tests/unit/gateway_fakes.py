@@ -9,9 +9,11 @@ from typing import Any
 from fakes import FakeRegistry
 
 from services.tool_gateway.domain import CallRecord, ToolSpec
+from services.tool_gateway.domain.rollout import ArmCounts
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 
-__all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeLimiter", "FakeResults", "fake_ports"]
+__all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeCanaries", "FakeLimiter", "FakeResults",
+           "fake_ports"]
 
 
 @dataclass
@@ -101,10 +103,33 @@ class FakeCallLog:
     async def record(self, record: CallRecord) -> None:
         self.records.append(record)
 
+    async def find(self, tenant_id: str, call_id: str) -> CallRecord | None:
+        found = [r for r in self.records if r.tenant_id == tenant_id and call_id in (r.call_id, r.chain_id)]
+        return found[-1] if found else None
+
+
+class FakeCanaries:
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], dict[str, int]] = {}
+
+    async def record(self, tool: str, epoch: str, arm: str, ok: bool) -> ArmCounts:
+        c = self.counts.setdefault((tool, epoch), {})
+        c[f"{arm}_calls"] = c.get(f"{arm}_calls", 0) + 1
+        if not ok:
+            c[f"{arm}_errors"] = c.get(f"{arm}_errors", 0) + 1
+        return ArmCounts(**c)
+
 
 class FakeResults:
     def __init__(self) -> None:
         self.stored: dict[tuple[str, str], str] = {}
+        self.marks: set[tuple[str, str]] = set()
+
+    async def mark_running(self, tenant_id: str, chain_id: str, seconds: float) -> None:
+        self.marks.add((tenant_id, chain_id))
+
+    async def running(self, tenant_id: str, chain_id: str) -> bool:
+        return (tenant_id, chain_id) in self.marks
 
     async def put(self, tenant_id: str, step_id: str, text: str) -> None:
         self.stored[tenant_id, step_id] = text
@@ -117,4 +142,4 @@ def fake_ports(**policy: Any) -> CallPorts:
     clock = Clock()
     return CallPorts(registry=FakeRegistry(), limiter=FakeLimiter(), breakers=FakeBreakers(clock),
                      backends=FakeBackends(), call_log=FakeCallLog(), results=FakeResults(),
-                     policy=CallPolicy(**policy), clock=clock, sleep=clock.sleep)
+                     canaries=FakeCanaries(), policy=CallPolicy(**policy), clock=clock, sleep=clock.sleep)

@@ -165,7 +165,7 @@ async def test_the_breaker_opens_after_consecutive_failures_then_half_opens_and_
     assert len(ports.backends.calls) == 3
     ports.clock.now += 11  # past open_seconds: one probe goes through
     assert (await call_tool(call(), ports)).outcome == "ok"
-    assert await ports.breakers.state("pay.send") == "closed"
+    assert await ports.breakers.state("pay.send@1.0.0") == "closed"
 
 
 async def test_a_result_over_the_cap_is_truncated_and_kept_whole_for_the_caller_tenant() -> None:

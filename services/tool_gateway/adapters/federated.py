@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.tool_gateway.adapters.upstreams import UpstreamManager
 from services.tool_gateway.domain import ToolSpec
+from services.tool_gateway.domain.rollout import Rollout
 from services.tool_gateway.service_layer.ports import Registry
 
 __all__ = ["FederatedRegistry"]
@@ -22,3 +23,16 @@ class FederatedRegistry:
     async def versions(self, name: str) -> list[ToolSpec]:
         federated = self.upstreams.spec(name)
         return [federated] if federated is not None else await self.registered.versions(name)
+
+    async def lookup(self, name: str) -> tuple[list[ToolSpec], Rollout | None]:
+        federated = self.upstreams.spec(name)
+        return ([federated], None) if federated is not None else await self.registered.lookup(name)
+
+    async def remove(self, name: str, version: str = "") -> list[str]:
+        return await self.registered.remove(name, version)
+
+    async def rollouts(self) -> dict[str, Rollout]:
+        return await self.registered.rollouts()
+
+    async def save_rollout(self, rollout: Rollout, expect_canary: str | None = None) -> bool:
+        return await self.registered.save_rollout(rollout, expect_canary)

@@ -12,6 +12,7 @@ from libs.outbox import Outbox
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
 from services.tool_gateway.adapters.mapping import spec_to_proto
 from services.tool_gateway.domain import CallRecord, ToolSpec
+from services.tool_gateway.domain.rollout import Rollout
 
 __all__ = ["PostgresCallLog", "PostgresRegistry"]
 
@@ -45,9 +46,49 @@ class PostgresRegistry:
             rows = await conn.fetch("SELECT spec FROM tools WHERE name = $1", name)  # the primary key's prefix
         return [_spec(row[0]) for row in rows]
 
+    async def lookup(self, name: str) -> tuple[list[ToolSpec], Rollout | None]:
+        async with self.db.connection() as conn:  # both primary keys: one round trip, no scan
+            rows = await conn.fetch(
+                "SELECT 'v' AS kind, spec, NULL::jsonb AS rollout FROM tools WHERE name = $1 UNION ALL "
+                "SELECT 'r', NULL, to_jsonb(r) FROM tool_rollouts r WHERE name = $1", name)
+        rollout = next((_rollout(row["rollout"]) for row in rows if row["kind"] == "r"), None)
+        return [_spec(row["spec"]) for row in rows if row["kind"] == "v"], rollout
+
+    async def remove(self, name: str, version: str = "") -> list[str]:
+        async with self.db.transaction(SYSTEM_TENANT) as conn:
+            rows = await conn.fetch("DELETE FROM tools WHERE name = $1 AND ($2 = '' OR version = $2)"
+                                    " RETURNING version", name, version)
+            if not version:
+                await conn.execute("DELETE FROM tool_rollouts WHERE name = $1", name)
+        return sorted(row[0] for row in rows)
+
+    async def rollouts(self) -> dict[str, Rollout]:
+        async with self.db.connection() as conn:
+            rows = await conn.fetch("SELECT to_jsonb(r) FROM tool_rollouts r")
+        return {r.name: r for r in (_rollout(row[0]) for row in rows)}
+
+    async def save_rollout(self, rollout: Rollout, expect_canary: str | None = None) -> bool:
+        async with self.db.transaction(SYSTEM_TENANT) as conn:
+            status = await conn.execute(
+                "INSERT INTO tool_rollouts AS t (name, stable, canary, percent, callers, max_error_rate_delta,"
+                " min_calls, state, reason, epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                " ON CONFLICT (name) DO UPDATE SET stable = $2, canary = $3, percent = $4, callers = $5,"
+                " max_error_rate_delta = $6, min_calls = $7, state = $8, reason = $9, epoch = $10, updated_at = now()"
+                " WHERE $11::text IS NULL OR t.canary = $11",
+                rollout.name, rollout.stable, rollout.canary, rollout.percent, list(rollout.callers),
+                rollout.max_error_rate_delta, rollout.min_calls, rollout.state, rollout.reason, rollout.epoch,
+                expect_canary)
+        return rowcount(status) == 1
+
 
 def _spec(stored: dict) -> ToolSpec:
     return ToolSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+
+
+def _rollout(row: dict) -> Rollout:
+    return Rollout(name=row["name"], stable=row["stable"], canary=row["canary"], percent=row["percent"],
+                   callers=tuple(row["callers"]), max_error_rate_delta=row["max_error_rate_delta"],
+                   min_calls=row["min_calls"], state=row["state"], reason=row["reason"], epoch=row["epoch"])
 
 
 class PostgresCallLog:
@@ -68,11 +109,24 @@ class PostgresCallLog:
         async with self.db.transaction(record.tenant_id) as conn:
             await conn.execute(
                 "INSERT INTO tool_calls (call_id, tenant_id, caller, tool, version, args_sha256, outcome, error_type,"
-                " error, latency_ms, trace_id, context) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                " error, latency_ms, trace_id, context, chain_id)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                 record.call_id, record.tenant_id, record.caller, record.tool, record.version, record.args_sha256,
                 record.outcome, str(error.get("error_type", "")), record.error, record.latency_ms, record.trace_id,
-                record.context)
+                record.context, record.chain_id)
             await self.outbox.add(conn, Envelope.wrap(event, event_type="tool.called", tenant_id=record.tenant_id))
+
+    async def find(self, tenant_id: str, call_id: str) -> CallRecord | None:
+        async with self.db.transaction(tenant_id) as conn:
+            row = await conn.fetchrow(
+                "SELECT * FROM tool_calls WHERE tenant_id = $1 AND (call_id = $2 OR (chain_id = $2 AND $2 <> ''))"
+                " ORDER BY called_at DESC LIMIT 1", tenant_id, call_id)
+        if row is None:
+            return None
+        return CallRecord(call_id=row["call_id"], tenant_id=row["tenant_id"], caller=row["caller"], tool=row["tool"],
+                          version=row["version"], args_sha256=row["args_sha256"], outcome=row["outcome"],
+                          error=row["error"], latency_ms=row["latency_ms"], trace_id=row["trace_id"],
+                          context=row["context"], chain_id=row["chain_id"])
 
 
 def _struct(value: dict) -> struct_pb2.Struct:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-__all__ = ["BreakerSettings", "RedisBreakers", "RedisRateLimiter", "RedisResultStore"]
+from services.tool_gateway.domain.rollout import ArmCounts
+
+__all__ = ["BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisRateLimiter", "RedisResultStore"]
 
 RedisFactory = Callable[[], Awaitable[Redis]]
 
@@ -145,6 +147,25 @@ class RedisBreakers(_Keys):
         return _text(await client.hget(self.key(tool), "state") or b"closed")
 
 
+# A canary's counters: one hash per (tool, epoch), {stable_calls, stable_errors, canary_calls, canary_errors}.
+_ARM = """
+redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_calls', 1)
+if ARGV[2] == '0' then redis.call('HINCRBY', KEYS[1], ARGV[1] .. '_errors', 1) end
+redis.call('PEXPIRE', KEYS[1], 604800000)
+return redis.call('HMGET', KEYS[1], 'stable_calls', 'stable_errors', 'canary_calls', 'canary_errors')
+"""
+
+
+class RedisCanaryCounters(_Keys):
+    def __init__(self, redis: RedisFactory, namespace: str = "") -> None:
+        super().__init__(redis, namespace, "canary")
+
+    async def record(self, tool: str, epoch: str, arm: str, ok: bool) -> ArmCounts:
+        client = await self._redis()
+        values = await client.eval(_ARM, 1, self.key(f"{tool}.{epoch}"), arm, "1" if ok else "0")
+        return ArmCounts(*(int(v or 0) for v in values))
+
+
 class RedisResultStore(_Keys):
     """Full results of truncated calls, per tenant, readable as mem://step/<id> until they expire."""
 
@@ -155,6 +176,14 @@ class RedisResultStore(_Keys):
     async def put(self, tenant_id: str, step_id: str, text: str) -> None:
         client = await self._redis()
         await client.set(self.key(f"{tenant_id}.{step_id}"), text.encode(), px=self.ttl_ms)
+
+    async def mark_running(self, tenant_id: str, chain_id: str, seconds: float) -> None:
+        client = await self._redis()
+        await client.set(self.key(f"{tenant_id}.running.{chain_id}"), b"1", px=max(1, int(seconds * 1000)))
+
+    async def running(self, tenant_id: str, chain_id: str) -> bool:
+        client = await self._redis()
+        return bool(await client.exists(self.key(f"{tenant_id}.running.{chain_id}")))
 
     async def get(self, tenant_id: str, step_id: str) -> str | None:
         client = await self._redis()

@@ -15,7 +15,6 @@ import contextlib
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
@@ -28,36 +27,11 @@ from libs.errors import NotFound, Unavailable
 from libs.logs import get_logger
 from services.tool_gateway.domain import BackendFailed, ToolSpec
 from services.tool_gateway.domain.naming import exposed_name
+from services.tool_gateway.domain.upstream import UpstreamConfig, UpstreamStatus, load_upstreams
 
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class UpstreamConfig:
-    name: str  # lower_snake_case; the backend is `mcp:<name>/<tool>`
-    command: list[str] = field(default_factory=list)  # stdio: the command line
-    url: str = ""  # Streamable HTTP
-    prefix: str | None = None  # None: the name; "": no prefix
-    env: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_seconds: float = 30.0
-    scopes: tuple[str, ...] = ()
-
-
-def load_upstreams(text: str) -> list[UpstreamConfig]:
-    """`{"upstreams": [{"name": "time", "command": ["uvx", "mcp-server-time"]}, ...]}`"""
-    items = json.loads(text).get("upstreams", [])
-    return [UpstreamConfig(**{**item, "scopes": tuple(item.get("scopes", ()))}) for item in items]
-
-
-@dataclass
-class UpstreamStatus:
-    state: str = "connecting"  # "up", "down", "connecting"
-    reason: str = ""
-    restarts: int = 0
-    tools: int = 0
 
 
 class _Connection:
@@ -112,6 +86,17 @@ class UpstreamManager:
         self.connections[config.name] = _Connection(config)
         self.status[config.name] = UpstreamStatus()
         self._tasks[config.name] = asyncio.create_task(self._supervise(config.name), name=f"upstream:{config.name}")
+
+    async def remove(self, name: str) -> bool:
+        """Disconnect an upstream (its process stops) and drop its tools; False when there is none."""
+        task = self._tasks.pop(name, None)
+        if task is None:
+            return False
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        del self.connections[name], self.status[name]
+        self._rebuild()
+        return True
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -174,13 +159,17 @@ class UpstreamManager:
                 await self._refresh(name, conn)
                 self._rebuild()
                 continue
-            assert conn.client is not None
+            # The liveness probe is a fresh tools/list: `ping` is gone from the 2026-07-28 revision, and an
+            # upstream on it sends no list_changed, so this is also how its tool changes are seen.
+            before = dict(conn.tools)
             async with asyncio.timeout(self.ping_seconds):
-                await conn.client.send_ping()
+                await self._refresh(name, conn)
+            if conn.tools != before:
+                self._rebuild()
 
     async def _refresh(self, name: str, conn: _Connection) -> None:
         assert conn.client is not None
-        listed = await conn.client.list_tools()
+        listed = await conn.client.list_tools(cache_mode="bypass")
         prefix = name if conn.config.prefix is None else conn.config.prefix
         taken = {n for other, c in self.connections.items() if other != name for n in c.tools}
         tools: dict[str, types.Tool] = {}

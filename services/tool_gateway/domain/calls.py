@@ -16,8 +16,9 @@ from libs.auth import Principal
 from libs.errors import DomainError, PermissionDenied
 from services.tool_gateway.domain.registry import ToolSpec
 
-__all__ = ["BackendFailed", "CallOutcome", "CallRecord", "CircuitOpen", "CleanResult", "RateLimited",
-           "ToolCall", "args_sha256", "authorise", "backoff_seconds", "clean_result", "may_call"]
+__all__ = ["BackendFailed", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
+           "ToolCall", "args_sha256", "authorise", "backoff_seconds", "call_state", "clean_result",
+           "may_call"]
 
 CALL_SCOPE = "tools:call"
 # Fields backends add for machines that only cost an agent tokens (HAL, GraphQL, OData links).
@@ -95,6 +96,7 @@ class CallRecord:
     arguments: dict[str, Any] = field(default_factory=dict)  # successful calls: in the event, for experience
     served_by: str = ""
     attempts: int = 0
+    chain_id: str = ""
 
 
 def may_call(spec: ToolSpec, principal: Principal) -> bool:
@@ -149,3 +151,20 @@ def backoff_seconds(attempt: int, *, base: float = 0.05, cap: float = 2.0, rng: 
     """Exponential backoff with full jitter before retry number `attempt` (1, 2, ...)."""
     ceiling = min(cap, base * (2 ** (attempt - 1)))
     return (rng or random).uniform(0, ceiling)
+
+
+@dataclass(frozen=True)
+class CallState:
+    """What GetCall answers: "done" (with the result while it is kept), "failed", "running" or "unknown"."""
+
+    state: str
+    record: CallRecord | None = None
+    result: dict[str, Any] | None = None
+
+
+def call_state(record: CallRecord | None, running: bool, result_text: str | None) -> CallState:
+    if record is None:
+        return CallState("running" if running else "unknown")
+    if record.outcome in ("ok", "fallback"):
+        return CallState("done", record, json.loads(result_text) if result_text else None)
+    return CallState("failed", record)

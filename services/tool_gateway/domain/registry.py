@@ -92,15 +92,18 @@ def _version_key(spec: ToolSpec) -> tuple[int, ...]:
     return tuple(int(part) for part in spec.version.split("."))
 
 
-def current_versions(specs: list[ToolSpec]) -> list[ToolSpec]:
-    """One spec per name, the highest version, in name order.
+def current_versions(specs: list[ToolSpec], pins: dict[str, str] | None = None) -> list[ToolSpec]:
+    """One spec per name, the pinned (stable) version or else the highest, in name order.
 
     Agents see a tool by its name alone (MCP names are unique), so they get the current version;
-    the older ones stay registered for callers that name a version, and for rollback.
+    the others stay registered for callers that name a version, for canaries and for rollback.
     """
     current: dict[str, ToolSpec] = {}
+    pins = pins or {}
     for spec in specs:
-        if spec.name not in current or _version_key(spec) > _version_key(current[spec.name]):
+        held = current.get(spec.name)
+        if held is None or (held.version != pins.get(spec.name)
+                            and (spec.version == pins.get(spec.name) or _version_key(spec) > _version_key(held))):
             current[spec.name] = spec
     return [current[name] for name in sorted(current)]
 

@@ -8,29 +8,57 @@ and ErrorDetail; a call that reached its backend and failed there answers OK wit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from google.protobuf import json_format, struct_pb2
 
 from libs.auth import Principal, current_principal
 from libs.errors import DomainError
 from libs.protogen.mnemesh.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 from libs.rpc import Registration
-from services.tool_gateway.adapters.mapping import spec_from_proto, spec_to_proto
+from services.tool_gateway.adapters.mapping import (
+    rollout_to_proto,
+    spec_from_proto,
+    spec_to_proto,
+    stat_to_proto,
+    upstream_from_proto,
+    upstream_to_proto,
+)
 from services.tool_gateway.domain import ToolCall
+from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
-from services.tool_gateway.service_layer import handlers, pipeline
-from services.tool_gateway.service_layer.pipeline import CallPorts
+from services.tool_gateway.service_layer import experience, handlers, pipeline, upstreams
+from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts
+from services.tool_gateway.service_layer.ports import ExperienceStore
 
-__all__ = ["registration"]
+__all__ = ["Admin", "registration"]
 
-SCOPES = {"RegisterTool": "tools:admin", "ListTools": "tools:read", "CallTool": "tools:call"}
+SCOPES = {"RegisterTool": "tools:admin", "ListTools": "tools:read", "CallTool": "tools:call",
+          "RemoveTool": "tools:admin", "GetCall": "tools:call", "ToolStats": "tools:read",
+          "SetCanary": "tools:admin", "Promote": "tools:admin", "Rollback": "tools:admin",
+          "AddUpstream": "tools:admin", "RemoveUpstream": "tools:admin", "ListUpstreams": "tools:read"}
+
+
+@dataclass
+class Admin:
+    """What the RPCs beyond calls need: experience, and the upstreams added at run time."""
+
+    experience: ExperienceStore
+    upstream_store: upstreams.UpstreamStore
+    upstreams: upstreams.UpstreamRuntime
+    allowed_commands: frozenset[str] = frozenset()
+
+
+def _tenant(principal: Principal | None) -> str:
+    return (principal.tenant_id if principal else "") or SYSTEM_TENANT
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
 # Failures that happen at or after the backend: answered in-band (the call ran and is audited).
 _IN_BAND = frozenset({"backend_error", "unavailable", "deadline_exceeded", "internal", "result_too_large"})
 
 
 class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
-    def __init__(self, ports: CallPorts) -> None:
-        self.ports = ports
+    def __init__(self, ports: CallPorts, admin: Admin) -> None:
+        self.ports, self.admin = ports, admin
 
     async def RegisterTool(self, request, context):
         spec = await handlers.register_tool(spec_from_proto(request.tool), self.ports.registry)
@@ -38,7 +66,64 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
 
     async def ListTools(self, request, context):
         specs = await handlers.list_tools(self.ports.registry)
-        return tools_pb2.ListToolsResponse(tools=[spec_to_proto(s) for s in specs])
+        tools = [spec_to_proto(s) for s in specs]
+        if request.with_experience:
+            notes = await experience.experience_notes(_tenant(current_principal.get()), [], self.admin.experience)
+            for tool in tools:
+                if tool.name in notes:
+                    tool.description = f"{tool.description} [experience: {note(notes[tool.name])}]"[:4_000]
+        return tools_pb2.ListToolsResponse(tools=tools)
+
+    async def RemoveTool(self, request, context):
+        return tools_pb2.RemoveToolResponse(versions=await handlers.remove_tool(request.name, request.version,
+                                                                                 self.ports.registry))
+
+    async def GetCall(self, request, context):
+        state = await handlers.get_call(_tenant(current_principal.get()), request.call_id, self.ports.call_log,
+                                        self.ports.results)
+        response = tools_pb2.GetCallResponse(state=state.state)
+        if state.record is not None:
+            r = state.record
+            response.call_id, response.tool, response.version, response.outcome = r.call_id, r.tool, r.version, \
+                r.outcome
+            if r.error:
+                response.error.CopyFrom(common_pb2.ErrorDetail(**r.error))
+        if state.result is not None:
+            response.result.update(state.result)
+        return response
+
+    async def ToolStats(self, request, context):
+        stats = await experience.tool_stats(_tenant(current_principal.get()), self.admin.experience, request.name,
+                                            request.context)
+        return tools_pb2.ToolStatsResponse(stats=[stat_to_proto(s) for s in stats])
+
+    async def SetCanary(self, request, context):
+        rollout = await handlers.set_canary(request.name, request.version, self.ports.registry,
+                                            percent=request.percent, callers=tuple(request.callers),
+                                            max_error_rate_delta=request.max_error_rate_delta,
+                                            min_calls=request.min_calls)
+        return tools_pb2.RolloutResponse(rollout=rollout_to_proto(rollout))
+
+    async def Promote(self, request, context):
+        rollout = await handlers.promote_canary(request.name, self.ports.registry)
+        return tools_pb2.RolloutResponse(rollout=rollout_to_proto(rollout))
+
+    async def Rollback(self, request, context):
+        rollout = await handlers.roll_back_tool(request.name, request.version, self.ports.registry)
+        return tools_pb2.RolloutResponse(rollout=rollout_to_proto(rollout))
+
+    async def AddUpstream(self, request, context):
+        config = await upstreams.add_upstream(upstream_from_proto(request.upstream), self.admin.upstream_store,
+                                              self.admin.upstreams, self.admin.allowed_commands)
+        return tools_pb2.AddUpstreamResponse(name=config.name)
+
+    async def RemoveUpstream(self, request, context):
+        await upstreams.remove_upstream(request.name, self.admin.upstream_store, self.admin.upstreams)
+        return tools_pb2.RemoveUpstreamResponse(removed=True)
+
+    async def ListUpstreams(self, request, context):
+        return tools_pb2.ListUpstreamsResponse(upstreams=[upstream_to_proto(c, s) for c, s in
+                                                          upstreams.list_upstreams(self.admin.upstreams)])
 
     async def CallTool(self, request, context):
         principal = current_principal.get() or _ANONYMOUS
@@ -64,6 +149,6 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
         return response
 
 
-def registration(ports: CallPorts) -> Registration:
-    return Registration(tools_pb2_grpc.add_ToolGatewayServicer_to_server, ToolGatewayServicer(ports),
+def registration(ports: CallPorts, admin: Admin) -> Registration:
+    return Registration(tools_pb2_grpc.add_ToolGatewayServicer_to_server, ToolGatewayServicer(ports, admin),
                         "mnemesh.v1.ToolGateway", SCOPES)

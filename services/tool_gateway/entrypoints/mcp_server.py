@@ -31,17 +31,19 @@ from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec
+from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
-from services.tool_gateway.service_layer import handlers, pipeline
+from services.tool_gateway.entrypoints.mcp_guides import guide_handlers
+from services.tool_gateway.service_layer import experience, handlers, pipeline
 from services.tool_gateway.service_layer.pipeline import CallPorts
+from services.tool_gateway.service_layer.ports import ExperienceStore
 
 __all__ = ["CALL_SCOPE", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app", "outcome_result",
            "tool_to_mcp"]
 
 PATH = "/mcp"
-STEP_PREFIX = "mem://step/"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 
@@ -105,19 +107,32 @@ def _no_param_headers(name: str) -> None:
     return
 
 
-def build_server(ports: CallPorts, local_principal: Principal | None = None) -> Server:
-    """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process)."""
+def build_server(ports: CallPorts, local_principal: Principal | None = None,
+                 experience_store: ExperienceStore | None = None) -> Server:
+    """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
+    `experience_store`: when given, tools/list appends each tool's experience note to its description."""
     registry = ports.registry
+
+    async def with_notes(specs: list[ToolSpec], caller: Principal | None) -> list[types.Tool]:
+        tools = [tool_to_mcp(spec) for spec in specs]
+        if experience_store is None or caller is None or not specs:
+            return tools
+        notes = await experience.experience_notes(caller.tenant_id or pipeline.SYSTEM_TENANT, [], experience_store)
+        for tool in tools:
+            if tool.name in notes and notes[tool.name].calls:
+                tool.description = f"{tool.description or ''} [experience: {note(notes[tool.name])}]"
+        return tools
 
     async def list_tools(ctx: ServerRequestContext,
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         try:
-            specs = await handlers.list_current_tools(registry, _caller(ctx, local_principal))
+            caller = _caller(ctx, local_principal)
+            tools = await with_notes(await handlers.list_current_tools(registry, caller), caller)
         except TRANSIENT_ERRORS as exc:
             error = _unavailable(exc)
             raise MCPError(types.INTERNAL_ERROR, f"{error.error_type}: {error.reason}",
                            error.to_dict()) from None
-        return types.ListToolsResult(tools=[tool_to_mcp(spec) for spec in specs])
+        return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext,
                         params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -133,30 +148,9 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None) -> 
             return error_result(_unavailable(exc))
         return outcome_result(outcome, outcome.has_output_schema)
 
-    async def list_templates(ctx: ServerRequestContext,
-                             params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
-            name="step", uri_template="mem://step/{call_id}", mime_type="application/json",
-            description="The whole result of a tool call whose answer was truncated (your tenant's only)")])
-
-    async def read_resource(ctx: ServerRequestContext,
-                            params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        caller = _caller(ctx, local_principal)
-        uri = str(params.uri)
-        step_id = uri.removeprefix(STEP_PREFIX)
-        text = None
-        if caller is not None and uri.startswith(STEP_PREFIX) and step_id:
-            text = await ports.results.get(caller.tenant_id or pipeline.SYSTEM_TENANT, step_id)
-        if text is None:  # another tenant's result is as absent as an expired one
-            raise MCPError(types.INVALID_PARAMS, f"no resource {uri[:200]}",
-                           {"error_type": "not_found", "field": "uri", "reason": "no such step result (or it expired)",
-                            "retryable": False, "hint": "call the tool again"})
-        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text,
-                                                                             mime_type="application/json")])
-
     return Server("mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
-                  on_list_resource_templates=list_templates, on_read_resource=read_resource)
+                  **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal)))
 
 
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -186,7 +180,7 @@ class PostOnly:
 
 
 def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
-             allowed_origins: str = "") -> ASGIApp:
+             allowed_origins: str = "", experience: ExperienceStore | None = None) -> ASGIApp:
     """The ASGI app: bearer authentication, then POST only, then JSON-RPC envelope checks, then the SDK.
 
     DNS rebinding protection is always on, whatever the bind address (a container binds 0.0.0.0
@@ -194,7 +188,7 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     one or one of `allowed_hosts` (MNEMESH_MCP_ALLOWED_HOSTS), and an Origin, when sent, one of
     the loopback origins or `allowed_origins`.
     """
-    server = build_server(ports)
+    server = build_server(ports, experience_store=experience)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])

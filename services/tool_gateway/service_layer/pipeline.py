@@ -33,16 +33,18 @@ from services.tool_gateway.domain import (
     validate_arguments,
 )
 from services.tool_gateway.domain.registry import pick_version
+from services.tool_gateway.domain.rollout import Rollout, arm_for, roll_back, rollback_reason
 from services.tool_gateway.service_layer.ports import (
     Backends,
     Breakers,
     CallLog,
+    CanaryCounters,
     RateLimiter,
     Registry,
     ResultStore,
 )
 
-__all__ = ["CallPolicy", "CallPorts", "call_tool", "resolve", "step_uri"]
+__all__ = ["CallPolicy", "CallPorts", "breaker_key", "call_tool", "resolve", "step_uri"]
 
 log = get_logger(__name__)
 SYSTEM_TENANT = "_system"  # the audit tenant of callers without one (authentication disabled)
@@ -69,22 +71,61 @@ class CallPorts:
     backends: Backends
     call_log: CallLog
     results: ResultStore
+    canaries: CanaryCounters
     policy: CallPolicy = field(default_factory=CallPolicy)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Any] = asyncio.sleep
+
+
+def breaker_key(spec: ToolSpec) -> str:
+    """Breakers are per version: a failing canary must not open the circuit of the stable version."""
+    return f"{spec.name}@{spec.version}"
 
 
 def step_uri(call_id: str) -> str:
     return f"mem://step/{call_id}"
 
 
+def _not_found(name: str, version: str, known: bool) -> NotFound:
+    what = f"{name!r} version {version}" if version else repr(name)
+    return NotFound(f"no tool {what} is registered", field="version" if version and known else "name",
+                    hint="list the tools (MCP tools/list, gRPC ListTools) and use one of their names")
+
+
 async def resolve(name: str, version: str, registry: Registry) -> ToolSpec:
-    spec = pick_version(await registry.versions(name), version)
+    versions = await registry.versions(name)
+    spec = pick_version(versions, version)
     if spec is None:
-        what = f"{name!r} version {version}" if version else repr(name)
-        raise NotFound(f"no tool {what} is registered", field="version" if version and await registry.versions(name)
-                       else "name", hint="list the tools (MCP tools/list, gRPC ListTools) and use one of their names")
+        raise _not_found(name, version, bool(versions))
     return spec
+
+
+async def _route(call: ToolCall, registry: Registry) -> tuple[ToolSpec, Rollout | None, str]:
+    """The spec this call runs: the version named, else the caller's arm of the rollout, else the highest.
+
+    Returns (spec, rollout, arm); arm is "" when no canary decided it (its outcome is not counted).
+    """
+    versions, rollout = await registry.lookup(call.name)
+    if call.version or rollout is None:
+        spec = pick_version(versions, call.version)
+        if spec is None:
+            raise _not_found(call.name, call.version, bool(versions))
+        return spec, None, ""
+    arm = arm_for(rollout, call.principal.tenant_id, call.principal.subject)
+    wanted = rollout.canary if arm == "canary" else rollout.stable
+    spec = pick_version(versions, wanted) or pick_version(versions)  # a removed pin: the highest
+    if spec is None:
+        raise _not_found(call.name, "", False)
+    return spec, rollout, arm if rollout.canary else ""
+
+
+async def _count_arm(spec: ToolSpec, rollout: Rollout, arm: str, ok: bool, ports: CallPorts) -> None:
+    """Count the call for its arm; roll the canary back (once, whichever replica sees it) when it fails."""
+    counts = await ports.canaries.record(spec.name, rollout.epoch, arm, ok)
+    reason = rollback_reason(rollout, counts)
+    if reason and await ports.registry.save_rollout(roll_back(rollout, spec.name, reason=reason),
+                                                    expect_canary=rollout.canary):
+        log.warning("canary rolled back", tool=spec.name, canary=rollout.canary, reason=reason)
 
 
 async def _validate(spec: ToolSpec, arguments: dict[str, Any], policy: CallPolicy) -> None:
@@ -109,7 +150,7 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
     """Call `spec` with bounded retries; returns (result, attempts) or raises the last error."""
     attempts = spec.retries + 1
     for attempt in range(1, attempts + 1):
-        admitted, state, retry_after = await ports.breakers.admit(spec.name, spec.timeout_seconds)
+        admitted, state, retry_after = await ports.breakers.admit(breaker_key(spec), spec.timeout_seconds)
         if not admitted:
             raise CircuitOpen(f"{spec.name} is failing and its circuit breaker is {state.replace('_', '-')}",
                               field="name", hint=f"retry in {retry_after:.1f} s or use another tool")
@@ -128,10 +169,10 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
         except DomainError as exc:
             error = exc
         else:
-            await ports.breakers.record(spec.name, True)
+            await ports.breakers.record(breaker_key(spec), True)
             return result, attempt
         if error.error_type in _BREAKER_ERRORS:
-            await ports.breakers.record(spec.name, False)
+            await ports.breakers.record(breaker_key(spec), False)
         left = None if deadline_at is None else deadline_at - ports.clock()
         if not error.retryable or attempt == attempts or (left is not None and left <= 0):
             error.attempts = attempt  # type: ignore[attr-defined]
@@ -159,15 +200,24 @@ async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
     return None
 
 
-async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts) -> CallOutcome:
+async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
+               rollout: Rollout | None = None, arm: str = "") -> CallOutcome:
     authorise(spec, call.principal)
     await _validate(spec, call.arguments, ports.policy)
     await _admit_rate(call, spec, ports)
+    tenant = call.principal.tenant_id or SYSTEM_TENANT
+    if call.chain_id:  # GetCall answers "running" until the audit row says how it ended
+        await ports.results.mark_running(tenant, call.chain_id, call.deadline_seconds or spec.timeout_seconds)
     deadline_at = ports.clock() + call.deadline_seconds if call.deadline_seconds > 0 else None
     try:
         result, attempts = await _attempt(spec, call.arguments, deadline_at, ports)
         served_by, outcome = spec.name, "ok"
+        if arm:
+            await _count_arm(spec, rollout, arm, True, ports)
     except DomainError as primary:
+        if arm:
+            failed = primary.error_type in _BREAKER_ERRORS or primary.error_type == "circuit_open"
+            await _count_arm(spec, rollout, arm, not failed, ports)
         found = await _fallbacks(call, spec, deadline_at, ports) if spec.fallback else None
         if found is None:
             raise
@@ -178,10 +228,9 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts) -
         raise Internal(f"{served_by} returned {type(result).__name__}, not an object",
                        hint="operators: fix the backend mapping")
     cleaned = clean_result(result, ports.policy.result_max_bytes)
-    uri = ""
-    if cleaned.truncated:
-        uri = step_uri(call_id)
-        await ports.results.put(call.principal.tenant_id or SYSTEM_TENANT, call_id, cleaned.full_text)
+    uri = step_uri(call_id) if cleaned.truncated else ""
+    if cleaned.truncated or call.chain_id:  # kept whole: the resource link, and GetCall's answer
+        await ports.results.put(tenant, call_id, cleaned.full_text)
     return CallOutcome(call_id, spec.name, spec.version, result=cleaned, outcome=outcome, resource_uri=uri,
                        served_by=served_by, attempts=attempts, has_output_schema=bool(spec.output_schema))
 
@@ -193,9 +242,9 @@ async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
     call_id = uuid.uuid4().hex
     version = call.version
     try:
-        spec = await resolve(call.name, call.version, ports.registry)
+        spec, rollout, arm = await _route(call, ports.registry)
         version = spec.version
-        outcome = await _run(call, spec, call_id, ports)
+        outcome = await _run(call, spec, call_id, ports, rollout, arm)
     except DomainError as exc:
         kind = "timeout" if exc.error_type == "deadline_exceeded" else "error"
         outcome = CallOutcome(call_id, call.name, version, error=exc, outcome=kind,
@@ -208,6 +257,6 @@ async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
         version=outcome.version, args_sha256=args_sha256(call.arguments), outcome=outcome.outcome, error=error,
         latency_ms=outcome.latency_ms, trace_id=call.trace_id, context=call.context,
         arguments=call.arguments if outcome.error is None else {}, served_by=outcome.served_by,
-        attempts=outcome.attempts))
+        attempts=outcome.attempts, chain_id=call.chain_id))
     return outcome
 

@@ -6,8 +6,11 @@ from typing import Any, Protocol
 
 from services.tool_gateway.domain import ToolSpec
 from services.tool_gateway.domain.calls import CallRecord
+from services.tool_gateway.domain.experience import Experience
+from services.tool_gateway.domain.rollout import ArmCounts, Rollout
 
-__all__ = ["Backends", "Breakers", "CallLog", "RateLimiter", "Registry", "ResultStore"]
+__all__ = ["Backends", "Breakers", "CallLog", "CanaryCounters", "ExperienceStore", "RateLimiter", "Registry",
+           "ResultStore"]
 
 
 class Registry(Protocol):
@@ -21,6 +24,21 @@ class Registry(Protocol):
 
     async def versions(self, name: str) -> list[ToolSpec]:
         """Every registered version of `name` (a direct lookup, no scan); empty when there is none."""
+        ...
+
+    async def lookup(self, name: str) -> tuple[list[ToolSpec], Rollout | None]:
+        """`versions(name)` and the tool's rollout, in one round trip (the call path)."""
+        ...
+
+    async def remove(self, name: str, version: str = "") -> list[str]:
+        """Remove one version (or all) and announce it; the versions removed."""
+        ...
+
+    async def rollouts(self) -> dict[str, Rollout]:
+        ...
+
+    async def save_rollout(self, rollout: Rollout, expect_canary: str | None = None) -> bool:
+        """Store `rollout`; with `expect_canary`, only while that canary still runs (False otherwise)."""
         ...
 
 
@@ -58,9 +76,38 @@ class CallLog(Protocol):
         """The audit row and the tool.called event, in one transaction of the caller's tenant."""
         ...
 
+    async def find(self, tenant_id: str, call_id: str) -> CallRecord | None:
+        """The call with this id, or the newest whose chain id it is."""
+        ...
+
+
+class CanaryCounters(Protocol):
+    async def record(self, tool: str, epoch: str, arm: str, ok: bool) -> ArmCounts:
+        """Count one call of a canary's `arm` ("stable" or "canary"); the counts after it (shared)."""
+        ...
+
+
+class ExperienceStore(Protocol):
+    async def load(self, tenant_id: str, tool: str, context: str) -> Experience | None:
+        ...
+
+    async def save(self, tenant_id: str, exp: Experience) -> None:
+        ...
+
+    async def find(self, tenant_id: str, names: list[str], context: str) -> list[Experience]:
+        """The experiences of `names` (every tool when empty) for one context key."""
+        ...
+
 
 class ResultStore(Protocol):
     async def put(self, tenant_id: str, step_id: str, text: str) -> None:
+        ...
+
+    async def mark_running(self, tenant_id: str, chain_id: str, seconds: float) -> None:
+        """A call of this chain id is under way (for at most `seconds`)."""
+        ...
+
+    async def running(self, tenant_id: str, chain_id: str) -> bool:
         ...
 
     async def get(self, tenant_id: str, step_id: str) -> str | None:

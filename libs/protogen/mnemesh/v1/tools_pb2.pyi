@@ -77,6 +77,252 @@ class CallToolResponse(_message.Message):
     version: str
     def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
+class RemoveToolRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RemoveToolResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, versions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetCallRequest(_message.Message):
+    __slots__ = ("tenant", "call_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    call_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., call_id: _Optional[str] = ...) -> None: ...
+
+class GetCallResponse(_message.Message):
+    __slots__ = ("state", "call_id", "tool", "version", "outcome", "result", "error")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    call_id: str
+    tool: str
+    version: str
+    outcome: str
+    result: _struct_pb2.Struct
+    error: _common_pb2.ErrorDetail
+    def __init__(self, state: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., outcome: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class ToolStatsRequest(_message.Message):
+    __slots__ = ("tenant", "name", "context")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    name: str
+    context: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., context: _Optional[str] = ...) -> None: ...
+
+class CommonError(_message.Message):
+    __slots__ = ("error_type", "field", "reason", "hint", "count")
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HINT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    error_type: str
+    field: str
+    reason: str
+    hint: str
+    count: int
+    def __init__(self, error_type: _Optional[str] = ..., field: _Optional[str] = ..., reason: _Optional[str] = ..., hint: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ToolStat(_message.Message):
+    __slots__ = ("name", "context", "calls", "failures", "success_rate", "p50_ms", "p95_ms", "p99_ms", "common_errors", "best_arguments", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P95_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    BEST_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    context: str
+    calls: int
+    failures: int
+    success_rate: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    common_errors: _containers.RepeatedCompositeFieldContainer[CommonError]
+    best_arguments: _struct_pb2.Struct
+    note: str
+    def __init__(self, name: _Optional[str] = ..., context: _Optional[str] = ..., calls: _Optional[int] = ..., failures: _Optional[int] = ..., success_rate: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., common_errors: _Optional[_Iterable[_Union[CommonError, _Mapping]]] = ..., best_arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ToolStatsResponse(_message.Message):
+    __slots__ = ("stats",)
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    stats: _containers.RepeatedCompositeFieldContainer[ToolStat]
+    def __init__(self, stats: _Optional[_Iterable[_Union[ToolStat, _Mapping]]] = ...) -> None: ...
+
+class Rollout(_message.Message):
+    __slots__ = ("name", "stable", "canary", "percent", "callers", "max_error_rate_delta", "min_calls", "state", "reason", "stable_calls", "stable_errors", "canary_calls", "canary_errors")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STABLE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    CALLERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    MIN_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STABLE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STABLE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stable: str
+    canary: str
+    percent: float
+    callers: _containers.RepeatedScalarFieldContainer[str]
+    max_error_rate_delta: float
+    min_calls: int
+    state: str
+    reason: str
+    stable_calls: int
+    stable_errors: int
+    canary_calls: int
+    canary_errors: int
+    def __init__(self, name: _Optional[str] = ..., stable: _Optional[str] = ..., canary: _Optional[str] = ..., percent: _Optional[float] = ..., callers: _Optional[_Iterable[str]] = ..., max_error_rate_delta: _Optional[float] = ..., min_calls: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., stable_calls: _Optional[int] = ..., stable_errors: _Optional[int] = ..., canary_calls: _Optional[int] = ..., canary_errors: _Optional[int] = ...) -> None: ...
+
+class RolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class SetCanaryRequest(_message.Message):
+    __slots__ = ("name", "version", "percent", "callers", "max_error_rate_delta", "min_calls")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    CALLERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    MIN_CALLS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    percent: float
+    callers: _containers.RepeatedScalarFieldContainer[str]
+    max_error_rate_delta: float
+    min_calls: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., percent: _Optional[float] = ..., callers: _Optional[_Iterable[str]] = ..., max_error_rate_delta: _Optional[float] = ..., min_calls: _Optional[int] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RollbackRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Upstream(_message.Message):
+    __slots__ = ("name", "command", "url", "prefix", "no_prefix", "env", "headers", "timeout_seconds", "scopes")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    NO_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    url: str
+    prefix: str
+    no_prefix: bool
+    env: _containers.ScalarMap[str, str]
+    headers: _containers.ScalarMap[str, str]
+    timeout_seconds: float
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., url: _Optional[str] = ..., prefix: _Optional[str] = ..., no_prefix: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., headers: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpstreamStatus(_message.Message):
+    __slots__ = ("upstream", "state", "reason", "restarts", "tools")
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    upstream: Upstream
+    state: str
+    reason: str
+    restarts: int
+    tools: int
+    def __init__(self, upstream: _Optional[_Union[Upstream, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., tools: _Optional[int] = ...) -> None: ...
+
+class AddUpstreamRequest(_message.Message):
+    __slots__ = ("upstream",)
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    upstream: Upstream
+    def __init__(self, upstream: _Optional[_Union[Upstream, _Mapping]] = ...) -> None: ...
+
+class AddUpstreamResponse(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveUpstreamRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveUpstreamResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
+class ListUpstreamsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUpstreamsResponse(_message.Message):
+    __slots__ = ("upstreams",)
+    UPSTREAMS_FIELD_NUMBER: _ClassVar[int]
+    upstreams: _containers.RepeatedCompositeFieldContainer[UpstreamStatus]
+    def __init__(self, upstreams: _Optional[_Iterable[_Union[UpstreamStatus, _Mapping]]] = ...) -> None: ...
+
 class ListBackendsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -51,6 +51,51 @@ class ToolGatewayStub:
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_tools__pb2.CallToolResponse.FromString,
                 _registered_method=True)
+        self.RemoveTool = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/RemoveTool',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.RemoveToolRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.RemoveToolResponse.FromString,
+                _registered_method=True)
+        self.GetCall = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/GetCall',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.FromString,
+                _registered_method=True)
+        self.ToolStats = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/ToolStats',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsResponse.FromString,
+                _registered_method=True)
+        self.SetCanary = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/SetCanary',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.SetCanaryRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/Promote',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/Rollback',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.AddUpstream = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/AddUpstream',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.AddUpstreamRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.AddUpstreamResponse.FromString,
+                _registered_method=True)
+        self.RemoveUpstream = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/RemoveUpstream',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamResponse.FromString,
+                _registered_method=True)
+        self.ListUpstreams = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/ListUpstreams',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsResponse.FromString,
+                _registered_method=True)
 
 
 class ToolGatewayServicer:
@@ -75,6 +120,66 @@ class ToolGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveTool(self, request, context):
+        """Remove one version of a tool, or every version (the adapter drops the tools of a dropped WSDL).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCall(self, request, context):
+        """How a call ended, by the gateway's call id or the caller's chain id (the newest call of it):
+        a caller whose call timed out asks before retrying.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ToolStats(self, request, context):
+        """Procedural memory: how a tool has fared, overall and per calling context.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCanary(self, request, context):
+        """Versions and canaries: one call each to start a canary, promote it, roll back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rollback(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddUpstream(self, request, context):
+        """Federated upstream MCP servers, added and removed at run time (every replica follows).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUpstream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUpstreams(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +197,51 @@ def add_ToolGatewayServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=mnemesh_dot_v1_dot_tools__pb2.CallToolRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_tools__pb2.CallToolResponse.SerializeToString,
+            ),
+            'RemoveTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveTool,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.RemoveToolRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.RemoveToolResponse.SerializeToString,
+            ),
+            'GetCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCall,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.SerializeToString,
+            ),
+            'ToolStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.ToolStats,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsResponse.SerializeToString,
+            ),
+            'SetCanary': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCanary,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.SetCanaryRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.PromoteRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.RollbackRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.SerializeToString,
+            ),
+            'AddUpstream': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUpstream,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.AddUpstreamRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.AddUpstreamResponse.SerializeToString,
+            ),
+            'RemoveUpstream': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUpstream,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamResponse.SerializeToString,
+            ),
+            'ListUpstreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUpstreams,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +326,249 @@ class ToolGateway:
             '/mnemesh.v1.ToolGateway/CallTool',
             mnemesh_dot_v1_dot_tools__pb2.CallToolRequest.SerializeToString,
             mnemesh_dot_v1_dot_tools__pb2.CallToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/RemoveTool',
+            mnemesh_dot_v1_dot_tools__pb2.RemoveToolRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.RemoveToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/GetCall',
+            mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ToolStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/ToolStats',
+            mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.ToolStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCanary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/SetCanary',
+            mnemesh_dot_v1_dot_tools__pb2.SetCanaryRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/Promote',
+            mnemesh_dot_v1_dot_tools__pb2.PromoteRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/Rollback',
+            mnemesh_dot_v1_dot_tools__pb2.RollbackRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUpstream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/AddUpstream',
+            mnemesh_dot_v1_dot_tools__pb2.AddUpstreamRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.AddUpstreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUpstream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/RemoveUpstream',
+            mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.RemoveUpstreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUpstreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/ListUpstreams',
+            mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.ListUpstreamsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,100 @@
+"""`mnemesh tools stats|canary|promote|rollback|remove|upstream ...`: the tool-gateway's administration.
+
+Every command prints a line per item, or with --json the reply as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import grpc
+from google.protobuf import json_format
+
+from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+
+__all__ = ["add_tools_commands"]
+
+
+def _print(reply, ns: argparse.Namespace, lines) -> None:
+    if ns.json:
+        print(json.dumps(json_format.MessageToDict(reply, preserving_proto_field_name=True), ensure_ascii=False))
+        return
+    for line in lines(reply):
+        print(line)
+
+
+def _rollout(r: tools_pb2.Rollout) -> list[str]:
+    canary = f", canary {r.canary} ({r.percent:g} %{' + ' + ','.join(r.callers) if r.callers else ''})" \
+        if r.canary else ""
+    return [f"{r.name}: {r.state}, stable {r.stable or '(highest)'}{canary}" + (f" — {r.reason}" if r.reason else "")]
+
+
+def add_tools_commands(tools, settings_of, run, identity) -> None:
+    """Add the administration verbs to the `tools` sub-parsers (`run` and `identity` from client_cli)."""
+
+    def rpc(method: str, request_of, lines):
+        def command(ns: argparse.Namespace) -> int:
+            async def call(ch: grpc.aio.Channel) -> None:
+                reply = await getattr(tools_pb2_grpc.ToolGatewayStub(ch), method)(request_of(ns), timeout=15)
+                _print(reply, ns, lines)
+            return run(settings_of(), ns, "tool-gateway", call)
+        return command
+
+    def parser(sub, name: str, help_text: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="the reply as one JSON line")
+        identity(p)
+        p.set_defaults(func=func)
+        return p
+
+    p = parser(tools, "stats", "how tools have fared (procedural memory)", rpc(
+        "ToolStats", lambda ns: tools_pb2.ToolStatsRequest(name=ns.name, context=ns.context),
+        lambda r: [f"{s.name}: {s.note or 'no calls yet'}" for s in r.stats] or ["no experience yet"]))
+    p.add_argument("name", nargs="?", default="")
+    p.add_argument("--context", default="", help="the task kind callers declare")
+    p = parser(tools, "canary", "send a share of callers to a version", rpc(
+        "SetCanary", lambda ns: tools_pb2.SetCanaryRequest(
+            name=ns.name, version=ns.version, percent=ns.percent, callers=ns.caller or [],
+            max_error_rate_delta=ns.max_error_rate_delta, min_calls=ns.min_calls), lambda r: _rollout(r.rollout)))
+    p.add_argument("name")
+    p.add_argument("version")
+    p.add_argument("--percent", type=float, default=0.0)
+    p.add_argument("--caller", action="append", help="a caller (token subject) always sent to the canary")
+    p.add_argument("--max-error-rate-delta", type=float, default=0.0, help="default 0.2")
+    p.add_argument("--min-calls", type=int, default=0, help="default 20")
+    p = parser(tools, "promote", "make the canary the stable version", rpc(
+        "Promote", lambda ns: tools_pb2.PromoteRequest(name=ns.name), lambda r: _rollout(r.rollout)))
+    p.add_argument("name")
+    p = parser(tools, "rollback", "stop the canary, or pin the stable version", rpc(
+        "Rollback", lambda ns: tools_pb2.RollbackRequest(name=ns.name, version=ns.version),
+        lambda r: _rollout(r.rollout)))
+    p.add_argument("name")
+    p.add_argument("version", nargs="?", default="")
+    p = parser(tools, "remove", "remove a tool (one version, or all)", rpc(
+        "RemoveTool", lambda ns: tools_pb2.RemoveToolRequest(name=ns.name, version=ns.version),
+        lambda r: [f"removed {v}" for v in r.versions]))
+    p.add_argument("name")
+    p.add_argument("version", nargs="?", default="")
+
+    upstream = tools.add_parser("upstream", help="federated upstream MCP servers").add_subparsers(
+        dest="upstream_verb", required=True)
+    p = parser(upstream, "add", "add an upstream (stdio command after --, or --url)", rpc(
+        "AddUpstream", lambda ns: tools_pb2.AddUpstreamRequest(upstream=tools_pb2.Upstream(
+            name=ns.name, command=[c for c in ns.command if c != "--"], url=ns.url, prefix=ns.prefix,
+            no_prefix=ns.no_prefix, scopes=ns.scope or [], timeout_seconds=ns.timeout)),
+        lambda r: [f"added {r.name}"]))
+    p.add_argument("name")
+    p.add_argument("--url", default="")
+    p.add_argument("--prefix", default="", help="default: the name")
+    p.add_argument("--no-prefix", action="store_true")
+    p.add_argument("--scope", action="append", help="scopes a caller needs for its tools")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the stdio command line")
+    p = parser(upstream, "list", "list upstreams and their state", rpc(
+        "ListUpstreams", lambda ns: tools_pb2.ListUpstreamsRequest(),
+        lambda r: [f"{u.upstream.name}: {u.state}, {u.tools} tools, {u.restarts} restarts"
+                   + (f" ({u.reason})" if u.reason else "") for u in r.upstreams] or ["no upstreams"]))
+    p = parser(upstream, "remove", "remove an upstream added at run time", rpc(
+        "RemoveUpstream", lambda ns: tools_pb2.RemoveUpstreamRequest(name=ns.name), lambda r: ["removed"]))
+    p.add_argument("name")

@@ -1,0 +1,198 @@
+"""`mnemesh bench tools`: one upstream tool called directly with the MCP SDK vs through the gateway.
+
+Same run, same concurrency, same tool: `echo` of a local fixture MCP server (Streamable HTTP, its
+own process). Direct: the official SDK client to the fixture. Gateway: the same client to the
+gateway's /mcp (one gateway process, `mnemesh serve tool-gateway`, with the fixture federated as
+an upstream): bearer auth, scopes, schema validation, Redis rate limits and breaker, the upstream
+call, cleaning, the audit row and its event. Also gRPC CallTool of the same tool. Prints calls/s and
+p50/p95/p99 of each, the added latency and the throughput ratio, then one JSON line whose `summary`
+has exactly direct_calls_per_s, gateway_calls_per_s, added_p50_ms, added_p95_ms, throughput_ratio,
+grpc_calls_per_s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import asyncpg
+import httpx2
+from google.protobuf import struct_pb2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import SecretStr
+
+from libs.auth import issue_token
+from libs.config import Settings
+from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
+from libs.rpc import channel
+from mnemesh.infra import free_port
+from mnemesh.supervisor import check_health
+
+__all__ = ["bench_tools"]
+
+FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "integration" / "upstream_server.py"
+CONCURRENCY = 8
+ARGS = {"text": "hello", "times": 2}
+
+
+async def _answers(url: str) -> bool:
+    async with httpx2.AsyncClient(timeout=2) as http:
+        try:
+            await http.get(url)
+        except httpx2.TransportError:
+            return False
+    return True
+
+
+async def _wait(ready: Callable[[], Awaitable[bool]], process: asyncio.subprocess.Process, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not await ready():
+        if process.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (exit code {process.returncode})")
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def _process(*argv: str, env: dict[str, str] | None = None) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.DEVNULL,
+                                                   stderr=asyncio.subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _run(call: Callable[[], Awaitable[None]], total: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    queue = iter(range(total))
+
+    async def worker() -> None:
+        for _ in queue:
+            start = time.perf_counter()
+            await call()
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return total / (time.perf_counter() - start), latencies
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _figures(rate: float, latencies: list[float]) -> dict[str, float]:
+    return {"calls_per_s": round(rate, 1), "p50_ms": round(_p(latencies, 0.5), 3),
+            "p95_ms": round(_p(latencies, 0.95), 3), "p99_ms": round(_p(latencies, 0.99), 3)}
+
+
+async def _mcp_calls(url: str, tool: str, token: str, total: int, warmup: int) -> tuple[float, list[float]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http, \
+            Client(streamable_http_client(url, http_client=http)) as client:
+        async def one() -> None:
+            result = await client.call_tool(tool, ARGS)
+            if result.is_error:
+                raise RuntimeError(f"{tool} failed: {result.content[0].text[:300]}")
+
+        await _run(one, warmup)
+        return await _run(one, total)
+
+
+async def _grpc_calls(address: str, token: str, total: int, warmup: int) -> tuple[float, list[float]]:
+    args = struct_pb2.Struct()
+    args.update(ARGS)
+    async with channel(address, token) as ch:
+        stub = tools_pb2_grpc.ToolGatewayStub(ch)
+
+        async def one() -> None:
+            response = await stub.CallTool(tools_pb2.CallToolRequest(name="fx.echo", arguments=args), timeout=30)
+            if response.HasField("error"):
+                raise RuntimeError(f"gRPC CallTool failed: {response.error.reason}")
+
+        await _run(one, warmup)
+        return await _run(one, total)
+
+
+async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_dir: str = "") -> dict:
+    total = max(repetitions, 200)
+    namespace = f"bench{uuid.uuid4().hex[:8]}"
+    upstream_port, grpc_port, mcp_port = free_port(), free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    config = Path(work_dir or os.environ.get("TMPDIR", "/tmp")) / f"{namespace}-upstreams.json"
+    config.write_text(json.dumps({"upstreams": [{"name": "fx", "url": upstream_url}]}))
+    secret = "bench-secret-0123456789abcdef0123456789"
+    env = {**os.environ, "REDIS_URL": settings.redis_url or "", "DATABASE_URL": settings.database_url or "",
+           "MNEMESH_NAMESPACE": namespace, "MNEMESH_JWT_SECRET": secret, "MNEMESH_METRICS_ENABLED": "false",
+           "MNEMESH_TOOL_GATEWAY_GRPC_PORT": str(grpc_port), "MNEMESH_MCP_HTTP_PORT": str(mcp_port),
+           "MNEMESH_TOOL_UPSTREAMS_FILE": str(config), "MNEMESH_LOG_LEVEL": "warning",
+           "MNEMESH_TOOL_RATE_PER_CALLER": "1000000", "MNEMESH_TOOL_RATE_PER_TOOL": "1000000"}
+    token = issue_token(settings.model_copy(update={"jwt_secret": SecretStr(secret)}), subject="bench", tenant_id="bench",
+                        scopes=["tools:read", "tools:call"])
+    gateway_url = f"http://127.0.0.1:{mcp_port}/mcp"
+    try:
+        async with _process(sys.executable, str(FIXTURE), "http", str(upstream_port)) as upstream, \
+                _process(sys.executable, "-m", "mnemesh", "serve", "tool-gateway", env=env) as gateway:
+            await _wait(lambda: _answers(upstream_url), upstream, "the fixture MCP server")
+            await _wait(lambda: check_health(f"127.0.0.1:{grpc_port}"), gateway, "the tool-gateway")
+            # The gateway connects its upstream in the background: one successful call says it is up.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await _mcp_calls(gateway_url, "fx.echo", token, 1, 0)
+                    break
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            direct = await _mcp_calls(upstream_url, "echo", "", total, warmup)
+            through = await _mcp_calls(gateway_url, "fx.echo", token, total, warmup)
+            grpc_rate, grpc_latencies = await _grpc_calls(f"127.0.0.1:{grpc_port}", token, total, warmup)
+    finally:
+        config.unlink(missing_ok=True)
+        await _drop(settings, namespace)
+    d, g = _figures(*direct), _figures(*through)
+    summary = {"direct_calls_per_s": d["calls_per_s"], "gateway_calls_per_s": g["calls_per_s"],
+               "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3), "added_p95_ms": round(g["p95_ms"] - d["p95_ms"], 3),
+               "throughput_ratio": round(g["calls_per_s"] / d["calls_per_s"], 3),
+               "grpc_calls_per_s": round(grpc_rate, 1)}
+    for label, f in (("direct MCP", d), ("through the gateway (MCP)", g),
+                     ("through the gateway (gRPC)", _figures(grpc_rate, grpc_latencies))):
+        print(f"{label:28s} {f['calls_per_s']:8.1f} calls/s  p50 {f['p50_ms']:7.2f} ms  p95 {f['p95_ms']:7.2f} ms  "
+              f"p99 {f['p99_ms']:7.2f} ms")
+    print(f"added p50 {summary['added_p50_ms']} ms, p95 {summary['added_p95_ms']} ms; "
+          f"throughput ratio {summary['throughput_ratio']} ({total} calls each, {CONCURRENCY} concurrent)")
+    return {"calls": total, "concurrency": CONCURRENCY, "direct": d, "gateway": g,
+            "grpc": _figures(grpc_rate, grpc_latencies), "summary": summary}
+
+
+async def _drop(settings: Settings, namespace: str) -> None:
+    import redis.asyncio
+
+    client = redis.asyncio.from_url(settings.redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{namespace}.*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}_tool_gateway" CASCADE')
+    finally:
+        await conn.close()

@@ -30,7 +30,7 @@ def tool_specs(catalog: Catalog, timeout_seconds: float, retries: int) -> list[c
     return [common_pb2.ToolSpec(name=t.name, description=t.description, input_schema=_struct(t.input_schema),
                                 output_schema=_struct(t.output_schema), version=version,
                                 timeout_seconds=timeout_seconds, retries=retries,
-                                backend=f"adapter:{catalog.backend_id}@{catalog.wsdl_hash[:12]}")
+                                backend=f"adapter:{catalog.backend_id}/{t.operation}")
             for t in catalog.tools]
 
 

@@ -151,6 +151,8 @@ class Settings(BaseSettings):
     adapter_credentials: SecretStr = SecretStr("")
     adapter_wsdl_dir: Path | None = Field(None, description="WSDL files ImportWsdl(path) may read (default data_dir/wsdl)")
     adapter_concurrency_per_endpoint: int = Field(8, ge=1, le=256, description="concurrent calls per SOAP endpoint")
+    # COM objects (Windows hosts with pywin32): JSON file of backend id -> ProgID and method allow-list.
+    adapter_com_file: Path | None = Field(None, description="JSON file of COM objects the adapter exposes (Windows)")
 
     # Streams.
     stream_max_deliveries: int = Field(5, ge=1, description="deliveries before a message is dead-lettered")

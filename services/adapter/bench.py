@@ -3,20 +3,29 @@
 Same run, same concurrency (8 callers), the same operation (get_customer: a nested, recursive
 response). Direct: zeep's AsyncClient on httpx. Adapter: gRPC Invoke of an in-process adapter
 (argument validation, envelope, HTTP, parsing, JSON conversion, protobuf Struct both ways).
+Gateway (when Redis and PostgreSQL are configured): gRPC CallTool of an in-process tool-gateway,
+whose whole pipeline (JWT, schema validation, shared rate limits and breaker in Redis, audit row
+and event in PostgreSQL) calls that adapter's Invoke.
 Prints calls/s and p50/p95 of each, their ratio, and one JSON line whose `summary` has exactly
-direct_calls_per_s, adapter_calls_per_s, adapter_ratio, added_p50_ms, import_ms_per_operation.
+direct_calls_per_s, adapter_calls_per_s, adapter_ratio, added_p50_ms, import_ms_per_operation
+(the gateway path's figures sit beside it, under `gateway`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import secrets
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from libs.config import Settings
 
@@ -50,6 +59,65 @@ async def _run(call, total: int) -> tuple[float, list[float]]:
     return total / (time.perf_counter() - start), latencies
 
 
+@contextlib.asynccontextmanager
+async def _gateway(settings: Settings, adapter_port: int) -> AsyncIterator[tuple[str, str] | None]:
+    """A tool-gateway in this process calling the adapter on `adapter_port`: (address, token), or None
+    without Redis and PostgreSQL. Its schema and keys are dropped afterwards."""
+    if not settings.database_url or not settings.redis_url:
+        yield None
+        return
+    import asyncpg
+    import redis.asyncio
+
+    from libs.auth import issue_token
+    from libs.runtime import run_service
+    from mnemesh.infra import free_port
+    from mnemesh.registry import load_bootstrap
+    from mnemesh.supervisor import check_health
+
+    gw = settings.model_copy(update={
+        "namespace": f"bench{uuid.uuid4().hex[:8]}", "tool_gateway_grpc_port": free_port(),
+        "mcp_http_port": free_port(), "adapter_grpc_port": adapter_port, "host": "127.0.0.1",
+        "metrics_enabled": False, "tool_adapter_token": SecretStr(""), "jwt_secret": SecretStr(secrets.token_hex(32)),
+        # the bench measures the pipeline, not the limits: one caller makes every call
+        "tool_rate_per_caller": 1e6, "tool_rate_per_tool": 1e6})
+    wiring = load_bootstrap("tool-gateway")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_service("tool-gateway", gw, wiring.bootstrap,
+                                           migrations_package=wiring.migrations, stop=stop))
+    address = f"127.0.0.1:{gw.tool_gateway_grpc_port}"
+    try:
+        async with asyncio.timeout(60):
+            while not await check_health(address):
+                if task.done():
+                    await task
+                await asyncio.sleep(0.1)
+        yield address, issue_token(gw, subject="bench", tenant_id="bench", scopes=["tools:call", "tools:admin"])
+    finally:
+        stop.set()
+        await task
+        client = redis.asyncio.from_url(gw.redis_url)
+        keys = [k async for k in client.scan_iter(match=f"{gw.namespace}.*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+        conn = await asyncpg.connect(gw.database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{gw.namespace}_tool_gateway" CASCADE')
+        finally:
+            await conn.close()
+
+
+async def _rounds(paths: list, total: int, warmup: int) -> dict[str, list]:
+    for _, call in paths:
+        await _run(call, max(warmup, 20))
+    rounds: dict[str, list] = {name: [] for name, _ in paths}
+    for i in range(3):  # alternate, so machine noise hits every path alike
+        for name, call in paths[::1 if i % 2 == 0 else -1]:
+            rounds[name].append(await _run(call, total))
+    return rounds
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -62,6 +130,7 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
     from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
     from libs.rpc import GrpcServer, channel
     from mnemesh.infra import free_port
+    from services.adapter.adapters.gateway import GatewayRegistry
     from services.adapter.adapters.soap_backend import SoapLoader
     from services.adapter.domain.commands import ImportWsdl
     from services.adapter.entrypoints import grpc_api
@@ -120,12 +189,28 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                     if reply.HasField("error"):
                         raise RuntimeError(reply.error.reason)
 
-                await _run(via_zeep, max(warmup, 20))
-                await _run(via_adapter, max(warmup, 20))
-                rounds = {"direct": [], "adapter": []}
-                for i in range(3):  # alternate, so machine noise hits both alike
-                    for name, call in (("direct", via_zeep), ("adapter", via_adapter))[::1 if i % 2 == 0 else -1]:
-                        rounds[name].append(await _run(call, total))
+                rounds = await _rounds([("direct", via_zeep), ("adapter", via_adapter)], total, warmup)
+            # The gateway runs in this process too: started only now, so its background work (relay,
+            # consumers) does not weigh on the adapter figures above; compared with direct calls anew.
+            async with _gateway(settings, port) as gateway:
+                if gateway is not None:
+                    address, token = gateway
+                    problem = await GatewayRegistry(address, lambda: token).register(
+                        bridge.live["billing0"].catalog, 30.0, 0)
+                    if problem:
+                        raise RuntimeError(f"the bench gateway refused the tools: {problem}")
+                    async with channel(address, token) as gw_channel:
+                        gw_stub = tools_pb2_grpc.ToolGatewayStub(gw_channel)
+                        gw_request = tools_pb2.CallToolRequest(name="billing0.get_customer")
+                        gw_request.arguments.update({"customer_id": 2})
+
+                        async def via_gateway() -> None:
+                            reply = await gw_stub.CallTool(gw_request, timeout=30)
+                            if reply.HasField("error"):
+                                raise RuntimeError(reply.error.reason)
+
+                        second = await _rounds([("direct", via_zeep), ("gateway", via_gateway)], total, warmup)
+                    rounds["gateway"], rounds["direct_with_gateway"] = second["gateway"], second["direct"]
             await transport.aclose()
         finally:
             await server.stop(0)
@@ -138,10 +223,21 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                "added_p50_ms": round(_p(lat["adapter"], 0.5) - _p(lat["direct"], 0.5), 3),
                "import_ms_per_operation": round(statistics.median(imports), 3)}
     print(f"\nadapter: {CONCURRENCY} concurrent callers, get_customer, {total} calls x 3 rounds each")
-    for name in ("direct", "adapter"):
+    for name in ("direct", "adapter", "gateway"):
+        if name not in rounds:
+            continue
         print(f"  {name:<8} {rate[name]:8.1f} calls/s   p50 {_p(lat[name], 0.5):7.2f} ms   "
               f"p95 {_p(lat[name], 0.95):7.2f} ms")
     print(f"  ratio adapter/direct (calls/s): {summary['adapter_ratio']:.3f}   added p50: "
           f"{summary['added_p50_ms']:.2f} ms   import: {summary['import_ms_per_operation']:.2f} ms/operation")
-    print(json.dumps({"benchmark": "adapter", "summary": summary}))
+    line = {"benchmark": "adapter", "summary": summary}
+    if "gateway" in rounds:
+        line["gateway"] = {"calls_per_s": round(rate["gateway"], 1), "ratio_to_direct":
+                           round(rate["gateway"] / rate["direct_with_gateway"], 3),
+                           "p50_ms": round(_p(lat["gateway"], 0.5), 3), "p95_ms": round(_p(lat["gateway"], 0.95), 3)}
+        print(f"  gateway (gRPC CallTool -> pipeline -> Invoke) / direct in the same rounds "
+              f"({rate['direct_with_gateway']:.1f} calls/s): {line['gateway']['ratio_to_direct']:.3f}")
+    else:
+        print("  gateway path skipped: it needs Redis and PostgreSQL (REDIS_URL, DATABASE_URL)")
+    print(json.dumps(line))
     return []

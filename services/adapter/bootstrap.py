@@ -9,13 +9,14 @@ import httpx
 
 from libs.auth import issue_token
 from libs.config import ConfigError, Settings
-from libs.errors import DomainError, ValidationFailed
+from libs.errors import DomainError, Unimplemented, ValidationFailed
 from libs.logs import get_logger
 from libs.runtime import ServiceContext
 from services.adapter.adapters.gateway import GatewayRegistry
 from services.adapter.adapters.postgres import PostgresBackendStore
 from services.adapter.adapters.soap_backend import SoapLoader, parse_credentials
-from services.adapter.domain.backends import parse_backends
+from services.adapter.domain.backends import Backend, parse_backends
+from services.adapter.domain.com_config import ComObject, parse_com_objects
 from services.adapter.domain.commands import ImportWsdl
 from services.adapter.entrypoints import grpc_api
 from services.adapter.service_layer import handlers
@@ -40,13 +41,37 @@ def gateway_token(settings: Settings):
                                ttl_seconds=300)
 
 
+def load_com(ctx: ServiceContext, objects: list[ComObject], configured: list[Backend], bridge: Bridge) -> None:
+    """COM objects become live backends on a Windows host; elsewhere they stay listed, with the reason logged."""
+    listed = {b.backend_id for b in configured if b.kind == "com"}
+    for backend_id in sorted(listed - {o.backend_id for o in objects}):
+        log.error("COM backend has no method allow-list in MNEMESH_ADAPTER_COM_FILE: none of its methods is exposed",
+                  backend=backend_id)
+    if not objects:
+        return
+    from services.adapter.adapters.com_backend import com_backends
+    from services.adapter.adapters.com_win32 import load_runtime
+
+    try:
+        runtime = load_runtime()
+    except Unimplemented as exc:
+        log.warning("COM backends not loaded", backends=[o.backend_id for o in objects], reason=exc.reason)
+        return
+    for backend_id, backend in com_backends(objects, runtime).items():
+        bridge.live[backend_id] = backend
+        ctx.closers.append(backend.aclose)
+
+
 async def bootstrap(ctx: ServiceContext) -> None:
     settings = ctx.settings
     try:
         configured = parse_backends(settings.adapter_backends)
         credentials = parse_credentials(settings.adapter_credentials)
+        com_objects = parse_com_objects(settings.adapter_com_file.read_text() if settings.adapter_com_file else "")
     except ValidationFailed as exc:
         raise ConfigError(f"{exc.field}: {exc.reason} ({exc.hint})") from None
+    except OSError as exc:
+        raise ConfigError(f"MNEMESH_ADAPTER_COM_FILE cannot be read: {exc}") from None
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
     ctx.closers.append(http.aclose)
     loader = SoapLoader(http, credentials=credentials, wsdl_dir=Path(settings.adapter_wsdl_dir or
@@ -54,6 +79,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
                         concurrency=settings.adapter_concurrency_per_endpoint)
     address = settings.adapter_gateway_address or f"{settings.host}:{settings.tool_gateway_grpc_port}"
     bridge = Bridge(PostgresBackendStore(ctx.db), loader, GatewayRegistry(address, gateway_token(settings)))
+    load_com(ctx, com_objects, configured, bridge)
     ctx.add_grpc(grpc_api.registration(bridge, configured))
 
     async def startup() -> None:

@@ -127,3 +127,17 @@ def test_an_uploaded_wsdl_with_its_companions_imports_without_reading_any_file()
     catalog = build_catalog("orders", loaded, revision=1)[0]
     assert catalog.tool("PlaceOrder") is not None
     assert loaded.wsdl_hash == load_wsdl(WsdlSource(path=str(main)), "orders", file_roots=(WSDL,)).wsdl_hash
+
+
+def test_real_world_shapes_import_and_what_zeep_cannot_model_is_named() -> None:
+    """Two schemas sharing a namespace, xsd:any, an attribute group and circular imports map; a
+    substitution group and mixed content cannot be mapped faithfully and are named in the notes."""
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "shapes" / "shapes.wsdl")), "shapes", file_roots=(WSDL,))
+    catalog, _ = build_catalog("shapes", loaded, revision=1)
+    [tool] = catalog.tools
+    schema = tool.input_schema
+    assert schema["required"] == ["Shape", "folder", "extra", "by"]  # the attribute group's required attribute
+    assert schema["$defs"]["Note"]["properties"]["parent"] == {"$ref": "#/$defs/Folder"}  # a.xsd <-> b.xsd
+    assert "xsd:any" in schema["$defs"]["Extra"]["properties"]["_value_1"]["items"]["description"]
+    notes = " | ".join(catalog.notes)
+    assert "element Circle substitutes for Shape" in notes and "DrawResponse has mixed content" in notes

@@ -9,6 +9,7 @@ from libs.errors import NotFound, ValidationFailed
 from services.adapter.adapters.json_schema import SchemaBuilder
 from services.adapter.adapters.wsdl_import import LoadedWsdl
 from services.adapter.adapters.xsd_facets import FacetIndex
+from services.adapter.adapters.xsd_notes import unmapped_constructs
 from services.adapter.domain.catalog import Catalog, FailedOperation, OperationTool, PortInfo, describe_operation
 from services.adapter.domain.naming import tool_name
 
@@ -59,7 +60,7 @@ def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service
         raise ValidationFailed(f"port {info.service}/{info.port} has no soap:address location", field="source",
                                hint="set options.address to the endpoint URL")
     index = index or FacetIndex.from_documents(loaded.documents)
-    tools, failed, notes, taken = [], [], list(loaded.warnings), set()
+    tools, failed, notes, taken = [], [], [*loaded.warnings, *unmapped_constructs(loaded.documents)], set()
     for operation in binding._operations.values():
         try:
             tool = _tool(backend_id, info, operation, index, taken, notes)

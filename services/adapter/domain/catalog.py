@@ -45,6 +45,7 @@ class Catalog:
     tools: tuple[OperationTool, ...]
     failed: tuple[FailedOperation, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    kind: str = "soap"  # or "com"
 
     def tool(self, name_or_operation: str) -> OperationTool | None:
         for tool in self.tools:

@@ -43,7 +43,7 @@ def _port(p: PortInfo) -> tools_pb2.AdapterPort:
 
 def _backend(catalog: Catalog) -> tools_pb2.Backend:
     return tools_pb2.Backend(
-        backend_id=catalog.backend_id, kind="soap", location=catalog.location,
+        backend_id=catalog.backend_id, kind=catalog.kind, location=catalog.location,
         tools=tool_specs(catalog, 30.0, 0), wsdl_hash=catalog.wsdl_hash, revision=catalog.revision,
         port=_port(catalog.port), ports=[_port(p) for p in catalog.ports],
         failed=[tools_pb2.FailedOperation(operation=f.operation, reason=f.reason) for f in catalog.failed],

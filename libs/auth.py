@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from libs.errors import Unauthenticated, Unavailable
 from libs.validation import TENANT_ID, TENANT_ID_RULE, is_tenant_id
 
 __all__ = ["TENANT_ID", "TENANT_ID_RULE", "Principal", "TokenVerifier", "current_principal", "is_tenant_id",
-           "issue_token", "refuse_published_secret"]
+           "issue_token", "refuse_published_secret", "service_token"]
 
 @dataclass(frozen=True)
 class Principal:
@@ -45,6 +46,19 @@ def issue_token(
     claims = {"sub": subject, "tenant": tenant_id, "scope": " ".join(scopes), "iat": now,
               "exp": now + ttl_seconds, "iss": settings.jwt_issuer, "aud": settings.jwt_audience}
     return jwt.encode(claims, settings.jwt_secret.get_secret_value(), algorithm="HS256")
+
+
+def service_token(settings: Settings, configured: str, *, subject: str, scopes: list[str],
+                  setting: str) -> Callable[[], str | None]:
+    """The credential one service presents to another: `configured` when set, none when auth is off,
+    else a short-lived token minted with the HS256 secret at each call (development and tests)."""
+    if configured:
+        return lambda: configured
+    if not settings.auth_enabled:
+        return lambda: None
+    if settings.jwt_algorithm != "HS256":
+        raise ValueError(f"{setting} is needed with RS256: a token with the scopes {' '.join(scopes)}")
+    return lambda: issue_token(settings, subject=subject, tenant_id="mesh", scopes=scopes, ttl_seconds=300)
 
 
 def refuse_published_secret(settings: Settings) -> None:

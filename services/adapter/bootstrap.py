@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from libs.auth import issue_token
+from libs.auth import service_token
 from libs.config import ConfigError, Settings
 from libs.errors import DomainError, Unimplemented, ValidationFailed
 from libs.logs import get_logger
@@ -29,16 +29,13 @@ log = get_logger(__name__)
 
 
 def gateway_token(settings: Settings):
-    """The service token for RegisterTool: configured, or minted (HS256 development) shortly before it expires."""
-    if settings.adapter_gateway_token:
-        token = settings.adapter_gateway_token.get_secret_value()
-        return lambda: token
-    if not settings.auth_enabled:
-        return lambda: None
-    if settings.jwt_algorithm != "HS256":
-        raise ConfigError("MNEMESH_ADAPTER_GATEWAY_TOKEN is needed with RS256: a token with the tools:admin scope")
-    return lambda: issue_token(settings, subject="service:adapter", tenant_id="mesh", scopes=["tools:admin"],
-                               ttl_seconds=300)
+    """The service token for RegisterTool/RemoveTool: configured, or minted (HS256 development) at each call."""
+    configured = settings.adapter_gateway_token.get_secret_value() if settings.adapter_gateway_token else ""
+    try:
+        return service_token(settings, configured, subject="service:adapter", scopes=["tools:admin"],
+                             setting="MNEMESH_ADAPTER_GATEWAY_TOKEN")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_com(ctx: ServiceContext, objects: list[ComObject], configured: list[Backend], bridge: Bridge) -> None:

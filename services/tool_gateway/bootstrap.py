@@ -7,6 +7,8 @@ from pathlib import Path
 
 import httpx
 
+from libs.auth import service_token
+from libs.config import ConfigError
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
 from libs.logs import get_logger
@@ -48,8 +50,13 @@ async def bootstrap(ctx: ServiceContext) -> None:
             upstreams.add(config)
     from_file = frozenset(upstreams.connections)
     upstream_store = PostgresUpstreams(ctx.db)
-    adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}",
-                                settings.tool_adapter_token.get_secret_value())
+    try:
+        adapter_token = service_token(settings, settings.tool_adapter_token.get_secret_value(),
+                                      subject="service:tool-gateway", scopes=["adapter:invoke"],
+                                      setting="MNEMESH_TOOL_ADAPTER_TOKEN")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}", adapter_token)
     ctx.closers.append(adapter.aclose)
     ports = CallPorts(
         registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams),

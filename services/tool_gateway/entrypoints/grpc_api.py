@@ -53,7 +53,9 @@ def _tenant(principal: Principal | None) -> str:
     return (principal.tenant_id if principal else "") or SYSTEM_TENANT
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
 # Failures that happen at or after the backend: answered in-band (the call ran and is audited).
-_IN_BAND = frozenset({"backend_error", "unavailable", "deadline_exceeded", "internal", "result_too_large"})
+# Failures at or behind the backend answer in band (the call happened); refusals before it are statuses.
+_IN_BAND = frozenset({"backend_error", "backend_fault", "unavailable", "deadline_exceeded", "internal",
+                      "result_too_large"})
 
 
 class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):

@@ -171,7 +171,9 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
         else:
             await ports.breakers.record(breaker_key(spec), True)
             return result, attempt
-        if error.error_type in _BREAKER_ERRORS:
+        # A backend's own fault counts against it when retryable (a SOAP Server fault); a fault that says the
+        # request was wrong (a Client fault) does not.
+        if error.error_type in _BREAKER_ERRORS or (error.error_type == "backend_fault" and error.retryable):
             await ports.breakers.record(breaker_key(spec), False)
         left = None if deadline_at is None else deadline_at - ports.clock()
         if not error.retryable or attempt == attempts or (left is not None and left <= 0):

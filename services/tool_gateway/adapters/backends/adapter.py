@@ -6,6 +6,7 @@ gateway calls it behind a small port (AdapterClient), faked in unit tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -27,9 +28,9 @@ class AdapterClient(Protocol):
 
 
 class GrpcAdapterClient:
-    """One channel, opened on first use; `token` is a credential with scope adapter:invoke."""
+    """One channel, opened on first use; `token` gives a credential with scope adapter:invoke (None: none)."""
 
-    def __init__(self, address: str, token: str = "") -> None:
+    def __init__(self, address: str, token: Callable[[], str | None]) -> None:
         self.address, self.token = address, token
         self._channel: grpc.aio.Channel | None = None
 
@@ -38,7 +39,7 @@ class GrpcAdapterClient:
         args = struct_pb2.Struct()
         args.update(arguments)
         if self._channel is None:
-            self._channel = channel(self.address, self.token or None)
+            self._channel = channel(self.address, self.token)
         return await tools_pb2_grpc.AdapterStub(self._channel).Invoke(
             tools_pb2.InvokeRequest(backend_id=backend_id, operation=operation, arguments=args), timeout=timeout)
 

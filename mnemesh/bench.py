@@ -5,6 +5,8 @@
 - adapter: SOAP calls through the adapter's gRPC Invoke vs zeep directly (services/adapter/bench.py).
 - search: the retriever (services/retriever/bench.py): embedder vs indexing pipeline, engine vs Search,
   read-after-write visibility; its final JSON line carries a `summary`.
+- sessions: the orchestrator (services/orchestrator/bench.py): convergence lag of 5 device replicas under
+  200 events/s, and the deterministic planner's turn latency; its final JSON line carries a `summary`.
 """
 
 from __future__ import annotations
@@ -106,11 +108,18 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, **opti
     return await run(settings, repetitions, warmup, **options)
 
 
+async def bench_sessions(settings: Settings, repetitions: int, warmup: int, seconds: float = 30.0) -> dict:
+    from services.orchestrator.bench import bench_sessions as run
+
+    return await run(settings, repetitions, warmup, seconds=seconds)
+
+
 BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
     "eventstore": bench_eventstore,
     "bus": bench_bus,
     "adapter": bench_adapter,
     "search": bench_search,
+    "sessions": bench_sessions,
 }
 
 

@@ -8,7 +8,7 @@ and gives the same state whatever the configuration is today.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from libs.errors import ValidationFailed
 from libs.validation import check_text, visible
@@ -128,6 +128,16 @@ class Session:
                     action.outcome, action.result_json, action.reason = e.outcome, e.result_json, e.reason
 
     # --- snapshots -------------------------------------------------------------------------------------------
+
+    def copy(self) -> Session:
+        """An independent copy (events are immutable and shared; everything `apply` mutates is copied)."""
+        task = self.task
+        if task is not None:
+            task = Task(task.task_id, task.text, task.message_version, task.decision,
+                        {k: list(v) for k, v in task.slots.items()}, [replace(a) for a in task.actions],
+                        list(task.answers))
+        return Session(self.tenant_id, self.session_id, self.version, self.state, list(self.messages), task,
+                       [list(q) for q in self.queue], self.paused_from, self.tasks_ended)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -37,6 +37,7 @@ from services.orchestrator.domain import (
     StateChanged,
     TaskEnded,
     TaskStarted,
+    TurnRecovered,
     Versioned,
 )
 
@@ -52,6 +53,7 @@ EVENT_MESSAGES = {
     DecisionMade: ("session.decision_made", events_pb2.SessionDecisionMade, "decision_made"),
     ActionStarted: ("session.action_started", events_pb2.SessionActionStarted, "action_started"),
     ActionFinished: ("session.action_finished", events_pb2.SessionActionFinished, "action_finished"),
+    TurnRecovered: ("session.turn_recovered", events_pb2.SessionTurnRecovered, "turn_recovered"),
 }
 _BY_TYPE = {event_type: cls for cls, (event_type, _, _) in EVENT_MESSAGES.items()}
 _NOT_IN_PAYLOAD = {"event_id", "user_id"}  # the envelope's id; the tenant context's user
@@ -166,7 +168,8 @@ class EventSourcedSessions:
                 await self.outbox.add(conn, envelope)
             first = version - len(events) + 1
             for i, envelope in enumerate(envelopes):
-                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id)))
+                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id),
+                                        envelope.occurred_at))  # as a replay will see it
             if self.snapshots.due(snapshot_version, session.version):
                 await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
                                           session.to_dict())

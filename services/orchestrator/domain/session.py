@@ -73,7 +73,7 @@ class Session:
     state: State = State.IDLE
     messages: list[MessageAppended] = field(default_factory=list)
     task: Task | None = None
-    queue: list[list] = field(default_factory=list)  # [version, text] of user messages waiting their turn
+    queue: list[tuple[int, str]] = field(default_factory=list)  # (version, text) of messages waiting their turn
     paused_from: State | None = None
     tasks_ended: int = 0
     # When the turn last moved (epoch seconds of the last event that was not a user's message): a busy
@@ -100,7 +100,7 @@ class Session:
         if isinstance(e, MessageAppended):
             self.messages.append(e)
             if e.handling == Handling.QUEUED:
-                self.queue.append([item.version, e.text])
+                self.queue.append((item.version, e.text))
             elif e.handling == Handling.STOP:
                 self.queue.clear()
             elif e.handling == Handling.ANSWER and self.task is not None:
@@ -142,10 +142,16 @@ class Session:
                         {k: list(v) for k, v in task.slots.items()}, [replace(a) for a in task.actions],
                         list(task.answers))
         return Session(self.tenant_id, self.session_id, self.version, self.state, list(self.messages), task,
-                       [list(q) for q in self.queue], self.paused_from, self.tasks_ended, self.step_at)
+                       list(self.queue), self.paused_from, self.tasks_ended, self.step_at)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The state as JSON-ready values (what a snapshot stores). Written out rather than `asdict`, which
+        walks every message field by field: this runs in the appending transaction of long sessions."""
+        return {"tenant_id": self.tenant_id, "session_id": self.session_id, "version": self.version,
+                "state": self.state, "messages": [dict(vars(m)) for m in self.messages],
+                "task": asdict(self.task) if self.task is not None else None,
+                "queue": [list(q) for q in self.queue], "paused_from": self.paused_from,
+                "tasks_ended": self.tasks_ended, "step_at": self.step_at}
 
     @classmethod
     def from_dict(cls, data: dict) -> Session:
@@ -157,7 +163,7 @@ class Session:
                         [Action(**a) for a in task["actions"]], list(task["answers"]))
         messages = [MessageAppended(**{**m, "citations": tuple(m["citations"])}) for m in data["messages"]]
         return cls(data["tenant_id"], data["session_id"], data["version"], State(data["state"]), messages, task,
-                   [list(q) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,
+                   [(q[0], q[1]) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,
                    data["tasks_ended"], data["step_at"])
 
     # --- decisions -------------------------------------------------------------------------------------------

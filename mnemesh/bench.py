@@ -102,10 +102,10 @@ async def bench_bus(settings: Settings, repetitions: int, warmup: int) -> list[d
         await bus.stop()
 
 
-async def bench_search(settings: Settings, repetitions: int, warmup: int, **options) -> dict:
+async def bench_search(settings: Settings, repetitions: int, warmup: int, memories: str = "10000") -> dict:
     from services.retriever.bench import bench_search as run
 
-    return await run(settings, repetitions, warmup, **options)
+    return await run(settings, repetitions, warmup, memories=memories)  # not --seconds (the sessions bench's)
 
 
 async def bench_sessions(settings: Settings, repetitions: int, warmup: int, seconds: float = 30.0) -> dict:

@@ -65,7 +65,7 @@ lint: setup
 	$(BIN)/ruff check --select F,E,W,B --ignore E501 libs services mnemesh tests scripts
 
 bench: setup
-	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter && $(BIN)/mnemesh bench search && $(BIN)/mnemesh bench tools'
+	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter && $(BIN)/mnemesh bench search && $(BIN)/mnemesh bench tools && $(BIN)/mnemesh bench sessions'
 
 clean:
 	rm -rf $(VENV) .mnemesh .pytest_cache

@@ -9,6 +9,8 @@
   batched inserts of the same rows (services/memory_writer/bench.py; --n, --batch).
 - tools: one upstream MCP tool directly with the SDK vs through the tool-gateway (MCP and gRPC)
   (services/tool_gateway/bench.py); its final JSON line carries a `summary`.
+- sessions: the orchestrator (services/orchestrator/bench.py): convergence lag of 5 device replicas under
+  200 events/s, and the deterministic planner's turn latency; its final JSON line carries a `summary`.
 """
 
 from __future__ import annotations
@@ -110,10 +112,16 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int) -> dict
     return await run(settings, repetitions, warmup)
 
 
-async def bench_search(settings: Settings, repetitions: int, warmup: int, **options) -> dict:
+async def bench_search(settings: Settings, repetitions: int, warmup: int, memories: str = "10000") -> dict:
     from services.retriever.bench import bench_search as run
 
-    return await run(settings, repetitions, warmup, **options)
+    return await run(settings, repetitions, warmup, memories=memories)  # not --seconds (the sessions bench's)
+
+
+async def bench_sessions(settings: Settings, repetitions: int, warmup: int, seconds: float = 30.0) -> dict:
+    from services.orchestrator.bench import bench_sessions as run
+
+    return await run(settings, repetitions, warmup, seconds=seconds)
 
 
 BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
@@ -122,6 +130,7 @@ BENCHMARKS: dict[str, Callable[..., Awaitable[list[dict] | dict]]] = {
     "adapter": bench_adapter,
     "search": bench_search,
     "tools": bench_tools,
+    "sessions": bench_sessions,
 }
 
 

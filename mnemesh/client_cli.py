@@ -1,4 +1,4 @@
-"""`mnemesh memory|tools|session ...`: talk to a running mesh over gRPC, as a platform team would.
+"""`mnemesh memory|tools|adapter|session|chat ...`: talk to a running mesh over gRPC, as a platform team would.
 
 A token comes from MNEMESH_TOKEN, or is minted with the development secret for
 --tenant (the default of a local mesh). Failures print the structured error the
@@ -22,8 +22,6 @@ from libs.protogen.mnemesh.v1 import (
     common_pb2,
     memory_pb2,
     memory_pb2_grpc,
-    sessions_pb2,
-    sessions_pb2_grpc,
     tools_pb2,
     tools_pb2_grpc,
 )
@@ -31,6 +29,7 @@ from libs.rpc import channel, error_detail
 from mnemesh.adapter_cli import add_adapter_commands
 from mnemesh.memory_cli import add_memory_commands
 from mnemesh.tools_cli import add_tools_commands
+from mnemesh.session_cli import add_session_commands
 
 __all__ = ["add_client_commands"]
 
@@ -103,39 +102,6 @@ def tools_list(settings: Settings, ns: argparse.Namespace) -> int:
     return _run(settings, ns, "tool-gateway", call)
 
 
-def session_send(settings: Settings, ns: argparse.Namespace) -> int:
-    async def call(ch: grpc.aio.Channel) -> None:
-        reply = await sessions_pb2_grpc.OrchestratorStub(ch).Send(sessions_pb2.SendRequest(
-            tenant=common_pb2.TenantContext(user_id=ns.user), session_id=ns.session_id, device_id=ns.device,
-            text=ns.text, expected_version=ns.expected_version, idempotency_key=ns.idempotency_key), timeout=10)
-        print(f"version {reply.version}, state {reply.state}")
-
-    return _run(settings, ns, "orchestrator", call)
-
-
-def session_follow(settings: Settings, ns: argparse.Namespace) -> int:
-    async def call(ch: grpc.aio.Channel) -> None:
-        stream = sessions_pb2_grpc.OrchestratorStub(ch).Subscribe(sessions_pb2.SubscribeRequest(
-            session_id=ns.session_id, from_version=ns.from_version))
-        async for event in stream:
-            if event.HasField("message_appended"):
-                m = event.message_appended
-                print(f"{event.version}  {m.role}@{m.device_id}: {m.text}", flush=True)
-            elif event.HasField("state_changed"):
-                s = event.state_changed
-                print(f"{event.version}  state {s.from_state} -> {s.to_state} ({s.reason})", flush=True)
-            else:  # task, slot, decision and action events: their type and fields on one line
-                field = event.event_type.removeprefix("session.")
-                body = getattr(event, field, None)
-                detail = " ".join(f"{k.name}={v}" for k, v in body.ListFields() if k.name != "tenant") if body else ""
-                print(f"{event.version}  {field} {detail}", flush=True)
-
-    try:
-        return _run(settings, ns, "orchestrator", call)
-    except KeyboardInterrupt:
-        return 0
-
-
 def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[], Settings]) -> None:
     def bind(fn):
         return lambda ns: fn(settings_of(), ns)
@@ -167,17 +133,4 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
 
     add_adapter_commands(sub, settings_of, _run, identity)
 
-    session = sub.add_parser("session", help="talk to a session").add_subparsers(dest="verb", required=True)
-    p = session.add_parser("send", help="append a user message")
-    p.add_argument("session_id")
-    p.add_argument("text")
-    p.add_argument("--device", default="cli")
-    p.add_argument("--expected-version", type=int, default=-1, help="the version this device saw (-1: any)")
-    p.add_argument("--idempotency-key", default="")
-    identity(p)
-    p.set_defaults(func=bind(session_send))
-    p = session.add_parser("follow", help="print a session's events from a version on, then live (Ctrl-C ends)")
-    p.add_argument("session_id")
-    p.add_argument("--from-version", type=int, default=0)
-    identity(p)
-    p.set_defaults(func=bind(session_follow))
+    add_session_commands(sub, settings_of, _run, identity)

@@ -100,6 +100,8 @@ EVENT_TYPES: dict[str, EventType] = {
                   "A tool call of a task began (its action id is the gateway call id and memory step id)."),
         EventType("session.action_finished", 1, SESSION_EVENTS, events_pb2.SessionActionFinished,
                   "A tool call of a task finished: ok, error, timeout or cancelled."),
+        EventType("session.turn_recovered", 1, SESSION_EVENTS, events_pb2.SessionTurnRecovered,
+                  "A turn left busy by a runner that stopped (its lease ran out) was taken over."),
     ]
 }
 

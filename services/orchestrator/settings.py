@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.orchestrator.adapters.rules_file import DEFAULT_RULES
@@ -19,6 +19,9 @@ class OrchestratorSettings(BaseSettings):
     rules_check_seconds: float = Field(1.0, gt=0)
     tool_deadline_seconds: float = Field(10.0, gt=0, le=600)
     snapshot_every: int = Field(100, ge=1)
+    # A busy turn that has not moved for this long lost its runner (a process that died mid-turn) and is
+    # taken over by the next Send. Must exceed the tool deadline (and an LLM decision, when one is configured).
+    turn_lease_seconds: float = Field(60.0, gt=0, le=3600)
     # Empty: the in-process fixture tools and memory (development); else host:port of the service.
     tool_gateway: str = ""
     retriever: str = ""
@@ -27,3 +30,11 @@ class OrchestratorSettings(BaseSettings):
     llm_base_url: str = ""
     llm_model: str = ""
     llm_api_key: SecretStr = SecretStr("")
+
+    @model_validator(mode="after")
+    def _lease_outlasts_a_call(self) -> OrchestratorSettings:
+        if self.turn_lease_seconds <= self.tool_deadline_seconds + 1:
+            raise ValueError(f"MNEMESH_ORCHESTRATOR_TURN_LEASE_SECONDS ({self.turn_lease_seconds:g}) must exceed "
+                             f"MNEMESH_ORCHESTRATOR_TOOL_DEADLINE_SECONDS ({self.tool_deadline_seconds:g}) + 1: a "
+                             "call in flight would look like a dead runner")
+        return self

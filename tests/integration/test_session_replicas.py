@@ -37,7 +37,8 @@ async def test_a_turn_through_the_real_store_replays_to_the_live_state_and_a_sna
     for text in ("where is my order?", "A12345", "hello", "我要退款", "取消", "check invoice for B99999"):
         await send_message(SendMessage("acme", "u1", "s1", "web", text), sessions, agent)
 
-    live = await sessions.load("acme", "s1")  # from the latest snapshot + the events after it
+    fresh = EventSourcedSessions(db, sessions.store, sessions.outbox, SnapshotStore(7), cache_size=0)
+    live = await fresh.load("acme", "s1")  # from the latest snapshot + the events after it (no cached state)
     full = await replay_session("acme", "s1", sessions)
     async with db.transaction("acme") as conn:
         snapshot = await SnapshotStore.load(conn, stream_id("acme", "s1"), SNAPSHOT_SCHEMA)
@@ -52,7 +53,8 @@ async def test_a_snapshot_of_another_shape_is_ignored_and_the_session_replays_in
     await send_message(SendMessage("acme", "u1", "s1", "web", "hello"), sessions, agent)
     async with db.transaction("acme") as conn:
         await conn.execute("UPDATE snapshots SET schema = 'session/0', state = '{}'::jsonb")
-    assert (await sessions.load("acme", "s1")).to_dict() == (await replay_session("acme", "s1", sessions)).to_dict()
+    fresh = EventSourcedSessions(db, sessions.store, sessions.outbox, SnapshotStore(1), cache_size=0)
+    assert (await fresh.load("acme", "s1")).to_dict() == (await replay_session("acme", "s1", sessions)).to_dict()
 
 
 # --- the history checker -------------------------------------------------------------------------------------

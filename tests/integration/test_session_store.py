@@ -43,3 +43,24 @@ async def test_a_reused_idempotency_key_with_another_message_is_refused_and_a_re
         await send_message(a_send(idempotency_key="k-1", text="another message"), sessions)
     assert first.version == retry.version == 3
     assert [m.text for m in (await get_session("acme", "s1", sessions)).messages] == ["hello"]
+
+
+async def test_a_replica_holding_a_cached_session_still_sees_what_another_replica_appended(db: Database) -> None:
+    one = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    other = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    await send_message(a_send(text="first"), one)
+    assert (await one.load("acme", "s1")).version == 3  # now cached in `one`
+    await send_message(a_send(text="second", device_id="app"), other)
+    after = await send_message(a_send(text="third"), one)
+    assert [m.text for m in after.messages] == ["first", "second", "third"]
+    assert after.version == 5
+    assert (await one.load("acme", "s1")).to_dict() == (await other.load("acme", "s1")).to_dict()
+
+
+async def test_a_refused_send_leaves_the_cached_state_as_the_store_has_it(db: Database) -> None:
+    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    await send_message(a_send(idempotency_key="k"), sessions)
+    with pytest.raises(IdempotencyKeyReused):
+        await send_message(a_send(idempotency_key="k", text="another"), sessions)
+    fresh = EventSourcedSessions(db, EventStore(db), Outbox(db), cache_size=0)
+    assert (await sessions.load("acme", "s1")).to_dict() == (await fresh.load("acme", "s1")).to_dict()

@@ -271,7 +271,7 @@ async def test_a_redirect_drops_the_task_and_starts_the_new_one(world, redirect:
 async def test_messages_sent_while_a_task_runs_are_kept_and_answered_in_order(world) -> None:
     turn, release = await _start_a_hanging_call(world)
     queued = await world.say("hello", device="web")
-    assert (queued.messages[-1].handling, queued.queue) == (Handling.QUEUED, [[queued.version, "hello"]])
+    assert (queued.messages[-1].handling, queued.queue) == (Handling.QUEUED, [(queued.version, "hello")])
     release.set()
     with anyio.fail_after(5):
         await turn

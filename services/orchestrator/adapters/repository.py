@@ -2,10 +2,17 @@
 
 Long sessions are loaded from their snapshot plus the events after it (libs/snapshots.py); a
 snapshot is taken in the appending transaction every `snapshots.every` events.
+
+A process keeps the state of the sessions it touched last (`cache_size`), as of a committed
+version: loading one reads only the events after that version, so an append costs the same at
+version 10 and at version 10,000. The cache is never the truth: every load still reads the
+stream's tail from the store (under the append lock when writing), so appends by other
+replicas are always seen.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import fields, replace
 
@@ -30,6 +37,7 @@ from services.orchestrator.domain import (
     StateChanged,
     TaskEnded,
     TaskStarted,
+    TurnRecovered,
     Versioned,
 )
 
@@ -45,6 +53,7 @@ EVENT_MESSAGES = {
     DecisionMade: ("session.decision_made", events_pb2.SessionDecisionMade, "decision_made"),
     ActionStarted: ("session.action_started", events_pb2.SessionActionStarted, "action_started"),
     ActionFinished: ("session.action_finished", events_pb2.SessionActionFinished, "action_finished"),
+    TurnRecovered: ("session.turn_recovered", events_pb2.SessionTurnRecovered, "turn_recovered"),
 }
 _BY_TYPE = {event_type: cls for cls, (event_type, _, _) in EVENT_MESSAGES.items()}
 _NOT_IN_PAYLOAD = {"event_id", "user_id"}  # the envelope's id; the tenant context's user
@@ -95,9 +104,28 @@ def _versioned(stored: StoredEvent) -> Versioned:
 
 class EventSourcedSessions:
     def __init__(self, db: Database, store: EventStore, outbox: Outbox,
-                 snapshots: SnapshotStore | None = None) -> None:
+                 snapshots: SnapshotStore | None = None, cache_size: int = 1024) -> None:
         self.db, self.store, self.outbox = db, store, outbox
         self.snapshots = snapshots or SnapshotStore()
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[Session, int]] = OrderedDict()  # stream -> (committed state, snapshot v.)
+
+    def _cached(self, stream: str) -> tuple[Session, int] | None:
+        hit = self._cache.get(stream)
+        if hit is None:
+            return None
+        self._cache.move_to_end(stream)
+        return hit[0].copy(), hit[1]
+
+    def _keep(self, stream: str, session: Session, snapshot_version: int) -> None:
+        """Remember a committed state (a copy: callers may go on changing theirs)."""
+        held = self._cache.get(stream)
+        if held is not None and held[0].version > session.version:
+            return  # a concurrent reader loaded before the newer state this process wrote
+        self._cache[stream] = (session.copy(), snapshot_version)
+        self._cache.move_to_end(stream)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     async def history(self, tenant_id: str, session_id: str) -> list[Versioned]:
         stream, after, items = stream_id(tenant_id, session_id), 0, []
@@ -108,15 +136,21 @@ class EventSourcedSessions:
 
     async def _load_in(self, conn: asyncpg.Connection, tenant_id: str, session_id: str) -> tuple[Session, int]:
         stream = stream_id(tenant_id, session_id)
-        snapshot = await self.snapshots.load(conn, stream, SNAPSHOT_SCHEMA)
-        start = Session.from_dict(snapshot.state) if snapshot else Session(tenant_id, session_id)
+        cached = self._cached(stream)
+        if cached is not None:
+            start, snapshot_version = cached
+        else:
+            snapshot = await self.snapshots.load(conn, stream, SNAPSHOT_SCHEMA)
+            start = Session.from_dict(snapshot.state) if snapshot else Session(tenant_id, session_id)
+            snapshot_version = snapshot.version if snapshot else 0
         tail = [_versioned(e) for e in await self.store.read_stream_in(conn, stream, start.version)]
-        return Session.replay(tenant_id, session_id, tail, start=start), snapshot.version if snapshot else 0
+        return Session.replay(tenant_id, session_id, tail, start=start), snapshot_version
 
     async def load(self, tenant_id: str, session_id: str) -> Session:
         async with self.db.transaction(tenant_id) as conn:
-            session, _ = await self._load_in(conn, tenant_id, session_id)
-            return session
+            session, snapshot_version = await self._load_in(conn, tenant_id, session_id)
+        self._keep(stream_id(tenant_id, session_id), session, snapshot_version)
+        return session
 
     async def update(self, tenant_id: str, session_id: str,
                      decide: Callable[[Session], list[SessionEvent]]) -> Session:
@@ -126,6 +160,7 @@ class EventSourcedSessions:
             session, snapshot_version = await self._load_in(conn, tenant_id, session_id)
             events = decide(session)
             if not events:
+                self._keep(stream, session, snapshot_version)
                 return session
             envelopes = [_envelope(tenant_id, session_id, e) for e in events]
             version = await self.store.append(conn, stream, session.version, envelopes)
@@ -133,10 +168,13 @@ class EventSourcedSessions:
                 await self.outbox.add(conn, envelope)
             first = version - len(events) + 1
             for i, envelope in enumerate(envelopes):
-                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id)))
+                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id),
+                                        envelope.occurred_at))  # as a replay will see it
             if self.snapshots.due(snapshot_version, session.version):
                 await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
                                           session.to_dict())
+                snapshot_version = session.version
+        self._keep(stream, session, snapshot_version)  # committed: the transaction ended without an error
         return session
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:

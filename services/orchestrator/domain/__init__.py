@@ -12,6 +12,7 @@ from services.orchestrator.domain.events import (
     StateChanged,
     TaskEnded,
     TaskStarted,
+    TurnRecovered,
     Versioned,
 )
 from services.orchestrator.domain.session import SNAPSHOT_SCHEMA, Action, Session, Task
@@ -34,5 +35,6 @@ __all__ = [
     "Task",
     "TaskEnded",
     "TaskStarted",
+    "TurnRecovered",
     "Versioned",
 ]

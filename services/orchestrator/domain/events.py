@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 __all__ = ["BUSY", "ActionFinished", "ActionStarted", "DecisionMade", "Handling", "MessageAppended", "Outcome",
-           "SessionEvent", "SlotFilled", "State", "StateChanged", "TaskEnded", "TaskStarted", "Versioned"]
+           "SessionEvent", "SlotFilled", "State", "StateChanged", "TaskEnded", "TaskStarted", "TurnRecovered", "Versioned"]
 
 
 class State(StrEnum):
@@ -131,8 +131,20 @@ class ActionFinished:
     event_id: str = ""
 
 
+@dataclass(frozen=True)
+class TurnRecovered:
+    """A busy turn that had not moved for longer than its lease was taken over by another runner
+    (the one running it died, or was stopped); the task goes on from `state`."""
+
+    task_id: str
+    state: str
+    idle_seconds: float
+    reason: str
+    event_id: str = ""
+
+
 SessionEvent = (MessageAppended | StateChanged | TaskStarted | TaskEnded | SlotFilled | DecisionMade
-                | ActionStarted | ActionFinished)
+                | ActionStarted | ActionFinished | TurnRecovered)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ and gives the same state whatever the configuration is today.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from libs.errors import ValidationFailed
 from libs.validation import check_text, visible
@@ -34,7 +34,7 @@ __all__ = ["SNAPSHOT_SCHEMA", "Action", "Session", "Task"]
 
 MAX_TEXT_CHARS = 8_000
 # Bump when the shape of Session.to_dict changes: older snapshots are then ignored (full replay).
-SNAPSHOT_SCHEMA = "session/1"
+SNAPSHOT_SCHEMA = "session/2"
 
 
 @dataclass
@@ -73,9 +73,12 @@ class Session:
     state: State = State.IDLE
     messages: list[MessageAppended] = field(default_factory=list)
     task: Task | None = None
-    queue: list[list] = field(default_factory=list)  # [version, text] of user messages waiting their turn
+    queue: list[tuple[int, str]] = field(default_factory=list)  # (version, text) of messages waiting their turn
     paused_from: State | None = None
     tasks_ended: int = 0
+    # When the turn last moved (epoch seconds of the last event that was not a user's message): a busy
+    # turn that stops moving for longer than its lease has lost its runner (see `stalled`).
+    step_at: float = 0.0
 
     # --- replay ----------------------------------------------------------------------------------------------
 
@@ -92,10 +95,12 @@ class Session:
 
     def apply(self, item: Versioned) -> None:
         e, self.version = item.event, item.version
+        if not (isinstance(e, MessageAppended) and e.role == "user"):
+            self.step_at = item.occurred_at.timestamp()
         if isinstance(e, MessageAppended):
             self.messages.append(e)
             if e.handling == Handling.QUEUED:
-                self.queue.append([item.version, e.text])
+                self.queue.append((item.version, e.text))
             elif e.handling == Handling.STOP:
                 self.queue.clear()
             elif e.handling == Handling.ANSWER and self.task is not None:
@@ -129,8 +134,24 @@ class Session:
 
     # --- snapshots -------------------------------------------------------------------------------------------
 
+    def copy(self) -> Session:
+        """An independent copy (events are immutable and shared; everything `apply` mutates is copied)."""
+        task = self.task
+        if task is not None:
+            task = Task(task.task_id, task.text, task.message_version, task.decision,
+                        {k: list(v) for k, v in task.slots.items()}, [replace(a) for a in task.actions],
+                        list(task.answers))
+        return Session(self.tenant_id, self.session_id, self.version, self.state, list(self.messages), task,
+                       list(self.queue), self.paused_from, self.tasks_ended, self.step_at)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The state as JSON-ready values (what a snapshot stores). Written out rather than `asdict`, which
+        walks every message field by field: this runs in the appending transaction of long sessions."""
+        return {"tenant_id": self.tenant_id, "session_id": self.session_id, "version": self.version,
+                "state": self.state, "messages": [dict(vars(m)) for m in self.messages],
+                "task": asdict(self.task) if self.task is not None else None,
+                "queue": [list(q) for q in self.queue], "paused_from": self.paused_from,
+                "tasks_ended": self.tasks_ended, "step_at": self.step_at}
 
     @classmethod
     def from_dict(cls, data: dict) -> Session:
@@ -142,8 +163,8 @@ class Session:
                         [Action(**a) for a in task["actions"]], list(task["answers"]))
         messages = [MessageAppended(**{**m, "citations": tuple(m["citations"])}) for m in data["messages"]]
         return cls(data["tenant_id"], data["session_id"], data["version"], State(data["state"]), messages, task,
-                   [list(q) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,
-                   data["tasks_ended"])
+                   [(q[0], q[1]) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,
+                   data["tasks_ended"], data["step_at"])
 
     # --- decisions -------------------------------------------------------------------------------------------
 
@@ -214,6 +235,16 @@ class Session:
         if to == self.state:
             return []
         return [StateChanged(self.state, to, reason, task_id=task_id or (self.task.task_id if self.task else ""))]
+
+    def stalled(self, now: float, lease_seconds: float) -> float | None:
+        """How long a busy turn has not moved, when that is longer than its lease (else None).
+
+        A runner moves its turn at least once per lease (the lease outlasts a tool call's deadline),
+        so a turn that has not is one whose runner died or was stopped; anyone may take it over."""
+        if self.task is None or self.state not in BUSY:
+            return None
+        idle = now - self.step_at
+        return idle if idle > lease_seconds else None
 
     def busy_with(self, task_id: str, *states: State) -> bool:
         """Whether the session is still working on `task_id` in one of `states` (a step's guard)."""

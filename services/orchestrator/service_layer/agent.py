@@ -5,6 +5,10 @@ events only if the session is still on the same task in the same state (`busy_wi
 interrupt that arrived meanwhile wins and the step's work is dropped. A tool call is raced
 against the session's own stream, so a hard stop appended by any replica, on any device,
 cancels the call in flight (the cancellation reaches the gateway as a gRPC cancel).
+
+A turn outlives the request that started it: `run_turn` keeps running when the caller goes away
+(a cancelled Send), and a turn whose runner died with its process is taken over by the next
+runner that finds it stalled for longer than `lease_seconds` (`_recover`, a `TurnRecovered` event).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import string
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from services.orchestrator.domain import (
     State,
     StateChanged,
     TaskEnded,
+    TurnRecovered,
 )
 from services.orchestrator.domain.grounding import Source, check_reply
 from services.orchestrator.domain.interrupts import InterruptDetector
@@ -60,7 +66,37 @@ class Agent:
     memory: MemoryWriter
     llm: DecisionMaker | None = None
     tool_deadline_seconds: float = 10.0
+    lease_seconds: float = 60.0  # a busy turn that has not moved for this long has lost its runner
+    clock: Callable[[], float] = time.time
     _detector: tuple[RuleBook, InterruptDetector] | None = field(default=None, repr=False)
+    _turns: set[asyncio.Task] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds <= self.tool_deadline_seconds:
+            raise ValueError(f"lease_seconds ({self.lease_seconds}) must exceed the tool deadline "
+                             f"({self.tool_deadline_seconds}): a call in flight would look like a dead runner")
+
+    async def run_turn(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
+        """`advance`, carried on to its end even when the caller stops waiting (a client cancelling Send)."""
+        turn = asyncio.ensure_future(self.advance(tenant_id, session_id, user_id))
+        self._turns.add(turn)
+        turn.add_done_callback(self._turn_done)
+        return await asyncio.shield(turn)
+
+    def _turn_done(self, turn: asyncio.Task) -> None:
+        self._turns.discard(turn)
+        if not turn.cancelled() and turn.exception() is not None:  # retrieved here when nobody awaits it
+            log.error("a turn failed after its caller left; the lease recovers it",
+                      error=f"{type(turn.exception()).__name__}: {turn.exception()}")
+
+    async def drain(self, grace_seconds: float = 10.0) -> None:
+        """At shutdown: let running turns finish for a while, then stop them (the lease recovers them)."""
+        if not self._turns:
+            return
+        _done, pending = await asyncio.wait(set(self._turns), timeout=grace_seconds)
+        for turn in pending:
+            turn.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def detector(self) -> InterruptDetector:
         """The interrupt detector of the current rule book (phrases reload with the rules)."""
@@ -73,6 +109,9 @@ class Agent:
         """Run the session's open task (and then any queued message) until it waits for the user."""
         session = await self.sessions.load(tenant_id, session_id)
         for _ in range(_MAX_STEPS):
+            if session.stalled(self.clock(), self.lease_seconds) is not None:
+                session = await self._recover(session, user_id)
+                continue
             if session.task is None:
                 if not session.queue or session.state != State.IDLE:
                     return session
@@ -97,6 +136,45 @@ class Agent:
             return events if current.busy_with(task_id, *allowed) else []
 
         return await self.sessions.update(session.tenant_id, session.session_id, decide)
+
+    # --- recovery: a turn whose runner stopped ----------------------------------------------------------------
+
+    async def _recover(self, session: Session, user_id: str) -> Session:
+        """Take over a stalled turn: record it, settle the calls its runner left open by asking the
+        gateway (a call is never assumed done, nor blindly repeated), and carry on from its state."""
+        task, idle = session.task, session.stalled(self.clock(), self.lease_seconds) or 0.0
+        events: list[SessionEvent] = [TurnRecovered(
+            task.task_id, session.state, round(idle, 3),
+            f"the turn had not moved for {idle:.1f} s (lease {self.lease_seconds:g} s): its runner stopped")]
+        settled = []
+        intent = self.rules().intents.get(task.decision.intent) if task.decision else None
+        verify = intent.verify_field if intent else ""
+        for action in task.pending():
+            status = await self.gateway.status(session.tenant_id, action.action_id)
+            if status.state == "done" and (not verify or status.result.get(verify)):
+                result_json = json.dumps(status.result, ensure_ascii=False, sort_keys=True)
+                events.append(ActionFinished(action.action_id, task.task_id, Outcome.OK, result_json,
+                                             "its runner stopped; the backend's status says done"))
+                settled.append((action, result_json))
+            else:
+                events.append(ActionFinished(action.action_id, task.task_id, Outcome.TIMEOUT,
+                                             reason=f"its runner stopped; the backend's status says {status.state}"))
+        if task.pending() and session.state == State.ROUTING:
+            verified = bool(settled)
+            events.append(StateChanged(State.ROUTING, State.GENERATING, "tool result verified", task_id=task.task_id)
+                          if verified else
+                          StateChanged(State.ROUTING, State.FALLBACK,
+                                       f"try {task.failures() + 1}: the call's runner stopped", task_id=task.task_id))
+        moved_at = session.step_at
+
+        def decide(current: Session) -> list[SessionEvent]:  # nobody took it over or moved it meanwhile
+            return events if current.busy_with(task.task_id, session.state) and current.step_at == moved_at else []
+
+        after = await self.sessions.update(session.tenant_id, session.session_id, decide)
+        if after.version > session.version and after.step_at != moved_at:
+            for action, result_json in settled:
+                await self._remember(session, user_id, action.action_id, action.tool, result_json)
+        return after
 
     # --- PARSING: rules first; slots from the message or the user's answers ----------------------------------
 

@@ -65,7 +65,7 @@ async def send_message(cmd: SendMessage, sessions: SessionRepository, agent: Age
     session = await sessions.update(cmd.tenant_id, cmd.session_id, decide)
     if agent is None:
         return session
-    return await agent.advance(cmd.tenant_id, cmd.session_id, cmd.user_id)
+    return await agent.run_turn(cmd.tenant_id, cmd.session_id, cmd.user_id)
 
 
 def _same_send(first: SessionEvent, cmd: SendMessage) -> None:

@@ -341,3 +341,17 @@ class SessionActionFinished(_message.Message):
     result_json: str
     reason: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., outcome: _Optional[str] = ..., result_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionTurnRecovered(_message.Message):
+    __slots__ = ("tenant", "task_id", "state", "idle_seconds", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    state: str
+    idle_seconds: float
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., state: _Optional[str] = ..., idle_seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -47,7 +47,7 @@ class SubscribeRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., session_id: _Optional[str] = ..., from_version: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished")
+    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished", "turn_recovered")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class SessionEvent(_message.Message):
     DECISION_MADE_FIELD_NUMBER: _ClassVar[int]
     ACTION_STARTED_FIELD_NUMBER: _ClassVar[int]
     ACTION_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TURN_RECOVERED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     version: int
     event_type: str
@@ -72,7 +73,8 @@ class SessionEvent(_message.Message):
     decision_made: _events_pb2.SessionDecisionMade
     action_started: _events_pb2.SessionActionStarted
     action_finished: _events_pb2.SessionActionFinished
-    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ...) -> None: ...
+    turn_recovered: _events_pb2.SessionTurnRecovered
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ..., turn_recovered: _Optional[_Union[_events_pb2.SessionTurnRecovered, _Mapping]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("tenant", "session_id")

@@ -89,12 +89,20 @@ class GrpcToolGateway:
         if response.HasField("error"):
             return ToolResult(False, reason=f"{response.error.field}: {response.error.reason}".strip(": "),
                               retryable=response.error.retryable,
-                              timed_out=response.error.error_type == "timeout")
+                              timed_out=response.outcome == "timeout")
         return ToolResult(True, json_format.MessageToDict(response.result))
 
     async def status(self, tenant_id: str, call_id: str) -> CallStatus:
-        # The gateway has no call-status RPC yet (see the orchestrator's README section): nothing to ask.
-        return CallStatus("unknown")
+        """What the gateway recorded for the call this session made under `call_id` (its chain id)."""
+        try:
+            reply = await self.stub.GetCall(
+                tools_pb2.GetCallRequest(tenant=common_pb2.TenantContext(tenant_id=tenant_id), call_id=call_id),
+                timeout=2.0, metadata=self.tokens.metadata(tenant_id, "tools:call"))
+        except grpc.aio.AioRpcError:
+            return CallStatus("unknown")
+        if reply.state == "done":
+            return CallStatus("done", json_format.MessageToDict(reply.result))
+        return CallStatus("not_done" if reply.state in ("failed", "running") else "unknown")
 
     async def list_tools(self, tenant_id: str) -> list[ToolInfo]:
         response = await self.stub.ListTools(tools_pb2.ListToolsRequest(

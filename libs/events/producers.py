@@ -22,6 +22,7 @@ from libs.auth import Principal, TokenVerifier
 from libs.errors import PermissionDenied, Unauthenticated
 from libs.events.envelope import CREDENTIAL_FIELD, Envelope, MalformedEvent
 from libs.events.schema import EVENT_TYPES, STREAMS
+from libs.validation import check_message
 
 __all__ = ["admit", "admitted", "produce_scope"]
 
@@ -49,8 +50,16 @@ async def admit(stream: str, envelope: Envelope, verifier: TokenVerifier | None)
                              hint=f"publish one of {', '.join(allowed)} here" if allowed else
                              "publish nothing on this stream")
     spec = STREAMS.get(stream)
-    if verifier is None or spec is None or not spec.external:
-        return None  # auth disabled (development), or an internal stream written only by the mesh
+    if spec is None or not spec.external:
+        return None  # an internal stream, written only by the mesh
+    principal = None if verifier is None else await _verified(stream, envelope, verifier)
+    # The same input rules as the gRPC edge (libs/validation): a NUL byte or an oversized field is refused
+    # here, naming the field, instead of failing deep in a handler.
+    check_message(envelope.message())
+    return principal
+
+
+async def _verified(stream: str, envelope: Envelope, verifier: TokenVerifier) -> Principal:
     scope = produce_scope(stream)
     if not envelope.credential:
         raise Unauthenticated("no producer credential", field=CREDENTIAL_FIELD, hint=_TOKEN_HINT.format(scope=scope))

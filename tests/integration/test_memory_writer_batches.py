@@ -8,6 +8,7 @@ loses and duplicates nothing once it is back.
 from __future__ import annotations
 
 import asyncio
+import json
 import contextlib
 import os
 import signal
@@ -336,3 +337,34 @@ async def test_the_cli_writes_corrects_confirms_shows_history_and_forgets_with_j
     assert code == 0 and out.index("Zhang") < out.index("Li") and "sorry, it is Li" in out and dropped == 0
     code, out, _ = await cli(writer, "forget", "--json")
     assert code == 0 and json.loads(out)["forgotten"] == "3"
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"content": "hello\x00world"}, "content"),
+    ({"key": "user.\x00phone", "layer": common_pb2.MEMORY_LAYER_ENTITY, "content": "13812345678"}, "key"),
+    ({"tags": ["ok", "b\x00d"]}, "tags[1]"),
+    ({"idempotency_key": "k\x00"}, "idempotency_key"),
+])
+async def test_a_stream_command_with_a_nul_byte_is_dead_lettered_at_once_naming_the_field(
+    writer: Settings, changes: dict, field: str
+) -> None:
+    client = redis.asyncio.from_url(writer.redis_url)
+    stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
+    request = write("nothing of this may be stored")
+    for name, value in changes.items():
+        if isinstance(value, list):
+            getattr(request, name).extend(value)
+        else:
+            setattr(request, name, value)
+    try:
+        await client.xadd(stream, command(writer, request))
+        with anyio.fail_after(30):
+            while not await client.xlen(dead_letter_stream(stream)):
+                await anyio.sleep(0.05)
+        (_, dead), = await client.xrange(dead_letter_stream(stream))
+    finally:
+        await client.aclose()
+    reason = json.loads(dead[b"dead.reason"])
+    assert reason["field"].endswith(field) and not reason["retryable"], reason
+    assert int(dead[b"dead.deliveries"]) <= 1  # at once, not after the delivery limit
+    assert await rows(writer, "SELECT 1 FROM memories") == []

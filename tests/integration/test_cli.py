@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from libs.config import SERVICES
+from mnemesh.infra import free_port
+
 pytestmark = pytest.mark.integration
 
 
@@ -65,8 +68,11 @@ def test_a_busy_metrics_port_names_the_setting(redis_url: str, database_url: str
 
 
 def test_run_with_an_unreachable_configured_redis_stops_before_starting_services(database_url: str, tmp_path) -> None:
+    # Ports of their own, so that a mesh running elsewhere on this machine cannot be what stops it.
+    ports = {f"MNEMESH_{s.upper().replace('-', '_')}_{kind}_PORT": str(free_port())
+             for s in SERVICES for kind in ("GRPC", "METRICS")}
     result = mnemesh("run", "--dev", REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0", DATABASE_URL=database_url,
-                     MNEMESH_DATA_DIR=str(tmp_path))
+                     MNEMESH_DATA_DIR=str(tmp_path), MNEMESH_MCP_HTTP_PORT=str(free_port()), **ports)
     assert result.returncode == 1
     assert "cannot start the mesh: cannot reach Redis" in result.stderr and "REDIS_URL" in result.stderr
     assert "starting memory-writer" not in result.stdout

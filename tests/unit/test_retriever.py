@@ -371,3 +371,73 @@ async def test_recorded_memories_are_searchable_after_one_projection_batch_and_a
     assert await project_pending(store, retrieval) == 0
     assert {h.document.memory_id for h in await search(a_query("passport"), store, retrieval, now=NOW)} == {
         f"m{n}" for n in range(5)}
+
+
+# --- every memory event kind keeps search in step --------------------------------------------------------
+
+def _uuid(n: int) -> str:
+    return f"00000000-0000-0000-0000-{n:012d}"
+
+
+def _written(memory_id: str, content: str, *, version: int = 1, status: int = 1, confidence: int = 1):
+    from libs.events import Envelope
+    from libs.protogen.mnemesh.v1 import events_pb2
+
+    memory = common_pb2.Memory(memory_id=memory_id, layer=5, source=2, content=content, confidence=confidence,
+                               status=status, tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u1",
+                                                                              session_id="s1"))
+    memory.created_at.FromDatetime(NOW)
+    return Envelope.wrap(events_pb2.MemoryWritten(memory=memory, version=version), event_type="memory.written",
+                         tenant_id="acme")
+
+
+def _event(kind: str, **fields):
+    from libs.events import Envelope
+    from libs.events.schema import EVENT_TYPES
+
+    message_type = EVENT_TYPES[kind].message
+    return Envelope.wrap(message_type(tenant=common_pb2.TenantContext(tenant_id="acme", user_id="u1"), **fields),
+                         event_type=kind, tenant_id="acme")
+
+
+async def test_each_memory_event_kind_updates_or_purges_what_search_returns(retrieval: Retrieval) -> None:
+    from services.retriever.entrypoints.streams import on_memory_event
+    from services.retriever.service_layer.handlers import project_pending
+
+    store = FakeDocumentStore()
+    handle = on_memory_event(lambda conn: store, retrieval)
+    a, b, c, d, e, f, g = (_uuid(n) for n in range(1, 8))
+
+    async def apply(*envelopes) -> set[str]:
+        for envelope in envelopes:
+            await handle(envelope, None)
+        await project_pending(store, retrieval)
+        return {h.document.memory_id for h in await search(a_query("passport"), store, retrieval, now=NOW)}
+
+    async def archived_too() -> set[str]:
+        hits = await search(a_query("passport", include_archived=True), store, retrieval, now=NOW)
+        return {h.document.memory_id for h in hits}
+
+    assert await apply(*(_written(m, f"passport number {m}") for m in (a, b, c, d, e, f))) == {a, b, c, d, e, f}
+    assert await apply(_event("memory.expired", memory_ids=[a])) == {b, c, d, e, f}
+    assert await apply(_written(a, "passport back again", version=2)) == {b, c, d, e, f}  # expiry is final
+    assert await apply(_event("memory.archived", memory_ids=[b])) == {c, d, e, f}
+    assert b in await archived_too() and retrieval.index.retrieve("acme", [b])[b]["archived"] == 1
+    assert await apply(_written(g, "passport corrected value", version=1),
+                       _event("memory.corrected", key="passport", old_memory_id=c, new_memory_id=g)) == {d, e, f, g}
+    assert c in await archived_too()
+    assert await apply(_event("memory.quarantined", memory_id=d)) == {e, f, g}
+    assert d not in await archived_too()
+    assert await apply(_event("memory.released", memory_id=d), _written(d, "passport released", version=2)) == {
+        d, e, f, g}  # no tombstone: the release's memory.written indexes it again
+    assert await apply(_written(e, "passport candidate", confidence=2, status=2)) == {d, f, g}  # not served yet
+    await apply(_event("memory.confirmed", memory_id=e, key="passport", confidence=1, supersedes=g))
+    hits = {h.document.memory_id: h for h in await search(a_query("passport"), store, retrieval, now=NOW)}
+    assert set(hits) == {d, e, f} and hits[e].must_confirm is False and hits[e].document.confidence == 1
+    await apply(_event("memory.merged", memory_id=f, engagement=3.0, tags=["travel"], merged_count=2))
+    merged = store.documents[f]
+    assert merged.engagement == 3.0 and merged.tags == ("travel",)
+    assert retrieval.index.retrieve("acme", [f])[f]["engagement"] == 3.0
+    assert await apply(_event("memory.session_compressed", summary_memory_id=d, covered_memory_ids=[f])) == {d, e, f}
+    assert await apply(_event("memory.forgotten", memory_ids=[d, e, f])) == set()
+    assert store.tombstones >= {a, d, e, f} and not store.unprojected

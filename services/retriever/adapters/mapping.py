@@ -16,13 +16,20 @@ def _dt(ts: timestamp_pb2.Timestamp, present: bool):
     return ts.ToDatetime(tzinfo=UTC) if present else None
 
 
+# Statuses kept out of default search (include_archived finds them): a candidate is not served until
+# confirmed, a superseded value is kept for History, an archived one is idle.
+_OUT_OF_DEFAULT_SEARCH = {common_pb2.MEMORY_STATUS_CANDIDATE, common_pb2.MEMORY_STATUS_SUPERSEDED,
+                          common_pb2.MEMORY_STATUS_ARCHIVED}
+
+
 def document_from_proto(m: common_pb2.Memory, *, archived: bool = False) -> Document:
     return Document(
         memory_id=m.memory_id, tenant_id=m.tenant.tenant_id, user_id=m.tenant.user_id,
         session_id=m.tenant.session_id, layer=m.layer, source=m.source, confidence=m.confidence,
         content=m.content, terms=(), tags=tuple(m.tags),
         created_at=m.created_at.ToDatetime(tzinfo=UTC), expires_at=_dt(m.expires_at, m.HasField("expires_at")),
-        key=m.key, derived_from=tuple(m.derived_from), engagement=m.engagement, archived=archived,
+        key=m.key, derived_from=tuple(m.derived_from), engagement=m.engagement,
+        archived=archived or m.status in _OUT_OF_DEFAULT_SEARCH,
         step_id=m.step_id, attributes=json_format.MessageToDict(m.attributes) if m.HasField("attributes") else {},
     )
 

@@ -65,16 +65,38 @@ class InMemoryDocuments:
             for m in taken:
                 self._locks[m].release()
 
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
+        changed = 0
+        for m in sorted(set(memory_ids)):
+            await self._locks[m].acquire()
+        try:
+            for m in memory_ids:
+                d = self.documents.get(m)
+                if d is None or d.tenant_id != tenant_id or (new := change(d)) == d:
+                    continue
+                self.documents[m] = new
+                self.unprojected.pop(m, None)
+                self.unprojected[m] = None  # queued again, at the end, for the projector
+                changed += 1
+        finally:
+            for m in sorted(set(memory_ids)):
+                self._locks[m].release()
+        if changed:
+            self.recorded.set()
+        return changed
+
     async def delete(self, tenant_id: str, memory_ids: list[str],
-                     then: Callable[[], Awaitable[None]] | None = None) -> int:
+                     then: Callable[[], Awaitable[None]] | None = None, *, tombstone: bool = True) -> int:
         removed = 0
         for m in sorted(memory_ids):
             await self._locks[m].acquire()
         try:
-            self.tombstones.update(memory_ids)
+            if tombstone:
+                self.tombstones.update(memory_ids)
             for m in memory_ids:
                 if m in self.documents and self.documents[m].tenant_id == tenant_id:
                     del self.documents[m]
+                    self.versions.pop(m, None)  # as the deleted row in PostgreSQL
                     self.unprojected.pop(m, None)
                     removed += 1
             if then is not None:

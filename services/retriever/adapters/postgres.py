@@ -117,14 +117,41 @@ class PostgresDocuments:
                 await conn.execute("UPDATE documents SET projected = true WHERE memory_id = ANY($1::uuid[])",
                                    [d.memory_id for d in documents])
 
-    async def delete(self, tenant_id: str, memory_ids: list[str],
-                     then: Callable[[], Awaitable[None]] | None = None) -> int:
-        """Leave tombstones, then delete, then `then` (the vector purge), all under the memories' locks:
-        a late or concurrent memory.written cannot bring them back."""
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
+        """Apply `change` to the tenant's documents among `memory_ids` under their locks and queue each one
+        it changed for the projector, which rewrites its payload in the vector index (archived, confidence,
+        expiry, engagement, tags). A forgotten or unknown memory is left alone. How many changed."""
         async def work(conn: asyncpg.Connection) -> int:
             await conn.execute(_LOCK, memory_ids)
-            await conn.execute("INSERT INTO tombstones (memory_id, tenant_id) SELECT unnest($1::uuid[]), $2"
-                               " ON CONFLICT DO NOTHING", memory_ids, tenant_id)
+            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+                                    " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
+            changed = 0
+            for d in map(_document, rows):
+                new = change(d)
+                if new == d:
+                    continue
+                await conn.execute(
+                    "UPDATE documents SET confidence = $2, expires_at = $3, engagement = $4, archived = $5,"
+                    " tags = $6, derived_from = $7, projected = false, indexed_at = now() WHERE memory_id = $1",
+                    d.memory_id, new.confidence, new.expires_at, new.engagement, new.archived, list(new.tags),
+                    list(new.derived_from))
+                changed += 1
+            if changed:
+                await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
+            return changed
+
+        return await self._in_transaction(tenant_id, work)
+
+    async def delete(self, tenant_id: str, memory_ids: list[str],
+                     then: Callable[[], Awaitable[None]] | None = None, *, tombstone: bool = True) -> int:
+        """Leave tombstones, then delete, then `then` (the vector purge), all under the memories' locks:
+        a late or concurrent memory.written cannot bring them back. Without `tombstone` (a quarantine),
+        a later memory.written (after a release) indexes the memory again."""
+        async def work(conn: asyncpg.Connection) -> int:
+            await conn.execute(_LOCK, memory_ids)
+            if tombstone:
+                await conn.execute("INSERT INTO tombstones (memory_id, tenant_id) SELECT unnest($1::uuid[]), $2"
+                                   " ON CONFLICT DO NOTHING", memory_ids, tenant_id)
             removed = rowcount(await conn.execute(
                 "DELETE FROM documents WHERE tenant_id = $1 AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids))
             if then is not None:

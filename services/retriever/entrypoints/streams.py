@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC
 
 import asyncpg
 
 from libs.events import Envelope
+from libs.protogen.mnemesh.v1 import common_pb2
 from services.retriever.adapters.mapping import document_from_proto
 from services.retriever.service_layer import handlers
 from services.retriever.service_layer.ports import DocumentStore
@@ -16,13 +18,34 @@ __all__ = ["on_memory_event"]
 
 def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], retrieval: handlers.Retrieval):
     async def handle(envelope: Envelope, conn: asyncpg.Connection) -> None:
-        message = envelope.message()
-        if envelope.event_type == "memory.written":  # a new memory, a correction or a confirmation
-            await handlers.record_document(document_from_proto(message.memory), store_in(conn), retrieval,
-                                           version=message.version)
-        elif envelope.event_type == "memory.forgotten":  # forgotten, expired, quarantined: out of every store
+        message, kind = envelope.message(), envelope.event_type
+        if kind == "memory.written":  # a new memory, a correction's new value, a released memory
+            if message.memory.status == common_pb2.MEMORY_STATUS_QUARANTINED:  # never served
+                await handlers.forget_documents(message.memory.tenant.tenant_id, [message.memory.memory_id],
+                                                store_in(conn), retrieval.index, tombstone=False)
+            else:
+                await handlers.record_document(document_from_proto(message.memory), store_in(conn), retrieval,
+                                               version=message.version)
+        elif kind in ("memory.forgotten", "memory.expired"):  # final: out of every store, tombstoned
             await handlers.forget_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn),
                                             retrieval.index)
+        elif kind == "memory.quarantined":  # out of every store, but no tombstone: a release writes it again
+            await handlers.forget_documents(message.tenant.tenant_id, [message.memory_id], store_in(conn),
+                                            retrieval.index, tombstone=False)
+        elif kind == "memory.archived":
+            await handlers.archive_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn))
+        elif kind == "memory.corrected":  # the new value came with its memory.written; the old one is History
+            await handlers.archive_documents(message.tenant.tenant_id, [message.old_memory_id], store_in(conn))
+        elif kind == "memory.confirmed":
+            await handlers.confirm_document(
+                message.tenant.tenant_id, message.memory_id, message.confidence,
+                message.expires_at.ToDatetime(tzinfo=UTC) if message.HasField("expires_at") else None,
+                store_in(conn), supersedes=message.supersedes)
+        elif kind == "memory.merged":
+            await handlers.merge_into_document(message.tenant.tenant_id, message.memory_id, message.engagement,
+                                               list(message.tags), list(message.derived_from), store_in(conn))
+        # memory.released: its memory.written follows and indexes it. memory.session_compressed: the summary
+        # came with its own memory.written and the covered turns stay searchable as they are.
         if retrieval.observe is not None:
             retrieval.observe.lag(envelope.occurred_at)
 

@@ -15,8 +15,8 @@ from services.retriever.domain.sparse import terms
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 
-__all__ = ["PROJECTION_BATCH", "Retrieval", "encode", "forget_documents", "index_document", "project_pending",
-           "record_document", "search"]
+__all__ = ["PROJECTION_BATCH", "Retrieval", "archive_documents", "confirm_document", "encode", "forget_documents",
+           "index_document", "merge_into_document", "project_pending", "record_document", "search"]
 
 log = logging.getLogger("mnemesh.retriever")
 
@@ -106,13 +106,41 @@ async def project_pending(store: DocumentStore, r: Retrieval, limit: int = PROJE
         return len(documents)
 
 
-async def forget_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore, index: VectorIndex) -> int:
+async def forget_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore, index: VectorIndex,
+                           *, tombstone: bool = True) -> int:
     """Tombstone and delete in the store, then purge the index under the same locks; a failure of either
-    undoes both (the event is retried)."""
+    undoes both (the event is retried). Without `tombstone` (a quarantine) the memory may come back with a
+    later memory.written (after its release)."""
     async def purge() -> None:
         await asyncio.to_thread(index.delete, tenant_id, memory_ids)  # a blocking client: off the event loop
 
-    return await store.delete(tenant_id, memory_ids, then=purge)
+    return await store.delete(tenant_id, memory_ids, then=purge, tombstone=tombstone)
+
+
+async def archive_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore) -> int:
+    """Out of default search, kept for include_archived (archived, superseded): the projection's flag and,
+    through the projector, the index payload's. How many changed."""
+    return await store.amend(tenant_id, memory_ids, lambda d: replace(d, archived=True))
+
+
+async def confirm_document(tenant_id: str, memory_id: str, confidence: int, expires_at: datetime | None,
+                           store: DocumentStore, supersedes: str = "") -> int:
+    """A confirmed memory: its new confidence (must_confirm follows from it) and expiry, and current again
+    (a confirmed candidate); the value it supersedes leaves default search."""
+    changed = await store.amend(tenant_id, [memory_id], lambda d: replace(
+        d, confidence=confidence, expires_at=expires_at, archived=False))
+    if supersedes and supersedes != memory_id:
+        changed += await archive_documents(tenant_id, [supersedes], store)
+    return changed
+
+
+async def merge_into_document(tenant_id: str, memory_id: str, engagement: float, tags: list[str],
+                              derived_from: list[str], store: DocumentStore) -> int:
+    """An identical write merged into a memory: its engagement (rescoring weighs it) and the merged write's
+    tags and provenance, as the writer keeps them."""
+    return await store.amend(tenant_id, [memory_id], lambda d: replace(
+        d, engagement=engagement, tags=tuple(dict.fromkeys((*d.tags, *tags))),
+        derived_from=tuple(dict.fromkeys((*d.derived_from, *derived_from)))))
 
 
 async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: datetime | None = None,

@@ -26,9 +26,15 @@ class DocumentStore(Protocol):
         """Up to `limit` recorded documents without vectors, locked; marked projected when the body returns."""
         ...
 
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
+        """Apply `change` to the tenant's documents among these ids, under their locks, and queue each one it
+        changed for the projector (its payload is rewritten); return how many changed."""
+        ...
+
     async def delete(self, tenant_id: str, memory_ids: list[str],
-                     then: Callable[[], Awaitable[None]] | None = None) -> int:
-        """Remove the tenant's documents and remember them as forgotten; return how many were removed."""
+                     then: Callable[[], Awaitable[None]] | None = None, *, tombstone: bool = True) -> int:
+        """Remove the tenant's documents and (with `tombstone`) remember them as forgotten; return how many
+        were removed."""
         ...
 
     async def fetch(self, tenant_id: str, memory_ids: list[str]) -> dict[str, Document]:

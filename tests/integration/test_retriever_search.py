@@ -104,6 +104,67 @@ async def test_tenant_a_never_sees_tenant_b_whatever_the_request_says(
         assert {h.document.tenant_id for h in hits} <= {"acme"}, request
 
 
+async def test_every_memory_event_kind_shows_in_search_after_one_projection_cycle(
+    db: Database, documents: PostgresDocuments, retrieval: Retrieval
+) -> None:
+    from libs.events.schema import EVENT_TYPES
+    from libs.idempotency import idempotent
+    from services.retriever.entrypoints.streams import on_memory_event
+
+    handle = idempotent(db, "retriever", on_memory_event(lambda conn: PostgresDocuments(db, conn), retrieval))
+    tenant = common_pb2.TenantContext(tenant_id="acme", user_id="u1")
+    ids = [str(uuid.uuid4()) for _ in range(7)]
+    expired, archived, old, quarantined, candidate, merged, new = ids
+
+    def written(memory_id: str, content: str, version: int = 1, **kw) -> Envelope:
+        memory = common_pb2.Memory(memory_id=memory_id, tenant=tenant, layer=5, source=2, content=content,
+                                   **{"confidence": 1, **kw})
+        memory.created_at.FromDatetime(NOW)
+        return Envelope.wrap(events_pb2.MemoryWritten(memory=memory, version=version), event_type="memory.written",
+                             tenant_id="acme")
+
+    def event(kind: str, **fields) -> Envelope:
+        return Envelope.wrap(EVENT_TYPES[kind].message(tenant=tenant, **fields), event_type=kind, tenant_id="acme")
+
+    async def found(*envelopes: Envelope, include_archived: bool = False) -> set[str]:
+        for envelope in envelopes:
+            await handle(envelope)
+            await handle(envelope)  # a redelivery: idempotent per event id
+        await project_pending(documents, retrieval)  # one projection cycle
+        hits = await search(SearchQuery("acme", "u1", "passport", mode="hybrid", include_archived=include_archived),
+                            documents, retrieval)
+        return {h.document.memory_id for h in hits}
+
+    texts = ["passport expired note", "passport archived note", "passport old number", "passport held note",
+             "passport candidate note", "passport merged note"]
+    assert await found(*(written(m, t) for m, t in zip(ids, texts, strict=False))) == set(ids[:6])
+    assert await found(event("memory.expired", memory_ids=[expired])) == set(ids[1:6])
+    assert await found(written(expired, "passport expired note again", version=2)) == set(ids[1:6])  # final
+    assert await found(event("memory.archived", memory_ids=[archived])) == {old, quarantined, candidate, merged}
+    assert archived in await found(include_archived=True)
+    assert await found(written(new, "passport new number"),
+                       event("memory.corrected", key="passport", old_memory_id=old, new_memory_id=new)) == {
+        quarantined, candidate, merged, new}
+    assert await found(event("memory.quarantined", memory_id=quarantined)) == {candidate, merged, new}
+    assert quarantined not in await found(include_archived=True)
+    assert await found(event("memory.released", memory_id=quarantined),
+                       written(quarantined, "passport held note", version=2)) == {quarantined, candidate, merged, new}
+    assert await found(written(candidate, "passport candidate note", version=2, confidence=2,
+                               status=common_pb2.MEMORY_STATUS_CANDIDATE)) == {quarantined, merged, new}
+    assert await found(event("memory.confirmed", memory_id=candidate, key="passport", confidence=1,
+                             supersedes=new)) == {quarantined, candidate, merged}
+    payload = retrieval.index.retrieve("acme", [candidate])[candidate]
+    assert payload["confidence"] == 1 and payload["archived"] == 0
+    assert await found(event("memory.merged", memory_id=merged, engagement=4.0, tags=["travel"],
+                             merged_count=2)) == {quarantined, candidate, merged}
+    assert retrieval.index.retrieve("acme", [merged])[merged]["engagement"] == 4.0
+    assert (await documents.fetch("acme", [merged]))[merged].tags == ("travel",)
+    assert await found(event("memory.session_compressed", summary_memory_id=merged,
+                             covered_memory_ids=[quarantined])) == {quarantined, candidate, merged}
+    assert await found(event("memory.forgotten", memory_ids=[quarantined, candidate, merged])) == set()
+    assert retrieval.index.count("acme") == 3  # archived and the two superseded values, kept for History
+
+
 async def test_forgotten_and_expired_memories_leave_search_within_one_projection_cycle(
     db: Database, documents: PostgresDocuments, retrieval: Retrieval
 ) -> None:

@@ -13,6 +13,7 @@ a connection that states nothing sees no tenant's rows at all.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -20,8 +21,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from libs.db.roles import APP_ROLE, check_bound_by_rls
+from libs.logs import get_logger
 
 __all__ = ["ALL_TENANTS", "Database", "rowcount"]
+
+log = get_logger(__name__)
 
 # The value of mnemesh.tenant_id that the policies read as "every tenant". No tenant can be
 # named this way: tenant ids are validated ([A-Za-z0-9._-]) before they reach the database.
@@ -71,10 +75,21 @@ class Database:
             async with self.pool.acquire() as conn:
                 await check_bound_by_rls(conn)
 
-    async def close(self) -> None:
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the pool once its connections are back; after `timeout` s, close them anyway.
+
+        asyncpg waits for every acquired connection without limit, so one task that never let go
+        (a bug elsewhere) would otherwise hang the whole shutdown.
+        """
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), timeout)
+        except TimeoutError:
+            log.warning("database connections still in use at shutdown; closing them", schema=self.schema,
+                        timeout_s=timeout)
+            pool.terminate()
 
     def connection(self):  # -> AsyncContextManager[asyncpg.Connection]
         """A pooled connection with no tenant stated: tenant-owned tables look empty through it."""

@@ -70,6 +70,16 @@ class ServiceContext:
         self.bus.subscribe(stream, self.group, admitted(stream, handle, self.verifier))
 
 
+_STEP_SECONDS = 5.0
+
+
+async def _bounded(step: Awaitable[None], what: str) -> None:
+    try:
+        await asyncio.wait_for(step, _STEP_SECONDS)
+    except TimeoutError:
+        log.warning("shutdown step did not finish in time; going on", step=what, timeout_s=_STEP_SECONDS)
+
+
 async def check_infrastructure(settings: Settings) -> None:
     """Fail fast, naming what is missing and how to provide it."""
     if not settings.redis_url:
@@ -161,11 +171,17 @@ async def run_service(
         await server.stop(settings.shutdown_grace_seconds)
         for task in [waiter, *tasks]:
             task.cancel()
-        await asyncio.gather(waiter, *tasks, return_exceptions=True)
-        await bus.stop()
+        # Every step is bounded: a task or client that does not let go must not hang the shutdown.
+        stopped, stuck = await asyncio.wait([waiter, *tasks], timeout=_STEP_SECONDS)
+        for task in stopped:  # retrieved, so that none is reported as never retrieved
+            if not task.cancelled():
+                task.exception()
+        if stuck:
+            log.warning("background tasks did not stop in time", tasks=sorted(t.get_name() for t in stuck))
+        await _bounded(bus.stop(), "the event bus")
         for close in reversed(ctx.closers):
-            await close()
-        await db.close()
+            await _bounded(close(), getattr(close, "__qualname__", "a closer"))
+        await db.close(timeout=_STEP_SECONDS)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         log.info("service stopped")

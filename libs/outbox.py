@@ -29,7 +29,7 @@ from datetime import timedelta
 import asyncpg
 import redis.exceptions
 
-from libs.db import ALL_TENANTS, Database, rowcount
+from libs.db import ALL_TENANTS, Database, act_as, rowcount
 from libs.db.notify import Notifier
 from libs.events import Envelope, MalformedEvent
 from libs.events.bus import EventBus, Fenced
@@ -116,7 +116,7 @@ class OutboxRelay:
             return 0
         conn = self._conn
         async with conn.transaction():
-            await conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", ALL_TENANTS)
+            await act_as(conn, ALL_TENANTS)
             rows = await conn.fetch("SELECT id, stream, fields FROM outbox WHERE published_at IS NULL"
                                     " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
         published: list[int] = []
@@ -144,7 +144,7 @@ class OutboxRelay:
     @staticmethod
     async def _settle(conn: asyncpg.Connection, published: list[int], failed: list[tuple[int, dict]]) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", ALL_TENANTS)
+            await act_as(conn, ALL_TENANTS)
             await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", published)
             if failed:
                 await conn.executemany("UPDATE outbox SET failure = $2 WHERE id = $1",

@@ -23,7 +23,7 @@ import asyncpg
 from libs.db.roles import APP_ROLE, check_bound_by_rls
 from libs.logs import get_logger
 
-__all__ = ["ALL_TENANTS", "Database", "rowcount"]
+__all__ = ["ALL_TENANTS", "Database", "act_as", "rowcount"]
 
 log = get_logger(__name__)
 
@@ -31,6 +31,11 @@ log = get_logger(__name__)
 # named this way: tenant ids are validated ([A-Za-z0-9._-]) before they reach the database.
 ALL_TENANTS = "*"
 _SET_TENANT = "SELECT set_config('mnemesh.tenant_id', $1, true)"
+
+
+async def act_as(conn: asyncpg.Connection, tenant_id: str) -> None:
+    """For the rest of `conn`'s transaction, see and write `tenant_id`'s rows (ALL_TENANTS: every tenant's)."""
+    await conn.execute(_SET_TENANT, tenant_id)
 
 
 def rowcount(status: str) -> int:
@@ -103,14 +108,14 @@ class Database:
             raise ValueError(f"a unit of work needs one tenant id, not {tenant_id!r}; "
                              "use system_transaction() for work across tenants")
         async with self.connection() as conn, conn.transaction():
-            await conn.execute(_SET_TENANT, tenant_id)
+            await act_as(conn, tenant_id)
             yield conn
 
     @contextlib.asynccontextmanager
     async def system_transaction(self) -> AsyncIterator[asyncpg.Connection]:
         """A transaction across every tenant, for the mesh's own machinery (never for a request)."""
         async with self.connection() as conn, conn.transaction():
-            await conn.execute(_SET_TENANT, ALL_TENANTS)
+            await act_as(conn, ALL_TENANTS)
             yield conn
 
     async def connect(self) -> asyncpg.Connection:

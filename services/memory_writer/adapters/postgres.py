@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from libs.crypto import open_sealed, seal
-from libs.db import Database, rowcount
+from libs.db import Database, act_as, rowcount
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
@@ -104,7 +104,7 @@ class PostgresUnitOfWork:
         """The connection, acting as `tenant_id` (set once per unit)."""
         assert self._conn is not None, "use the unit of work in `async with`"
         if self._tenant is None:
-            await self._conn.execute("SELECT set_config('mnemesh.tenant_id', $1, true)", tenant_id)
+            await act_as(self._conn, tenant_id)
             self._tenant = tenant_id
         elif self._tenant != tenant_id:
             raise ValueError(f"this unit of work acts for tenant {self._tenant!r}, not {tenant_id!r}")

@@ -8,6 +8,7 @@ line with every figure, for scripts to read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import sys
@@ -44,6 +45,29 @@ class Stats:
             return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
 
         return cls(statistics.median(ordered), pct(0.95), pct(0.99), statistics.fmean(ordered), len(ordered))
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The sample at quantile `q` (nearest rank); 0.0 for no samples."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+async def run_concurrently(call: Callable[[], Awaitable[None]], total: int,
+                           concurrency: int) -> tuple[float, list[float]]:
+    """`total` calls by `concurrency` workers; calls per second and each call's latency in ms."""
+    latencies: list[float] = []
+    queue = iter(range(total))
+
+    async def worker() -> None:
+        for _ in queue:
+            start = time.perf_counter()
+            await call()
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return total / (time.perf_counter() - start), latencies
 
 
 async def run_case(case: Case, *, repetitions: int, warmup: int, progress=sys.stderr) -> dict:

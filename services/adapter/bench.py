@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
+from libs.bench import percentile, run_concurrently
 from libs.config import Settings
 
 __all__ = ["bench_adapter"]
@@ -44,19 +45,6 @@ async def _start_server() -> tuple[asyncio.subprocess.Process, str]:
     return process, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-async def _run(call, total: int) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    queue = iter(range(total))
-
-    async def worker() -> None:
-        for _ in queue:
-            start = time.perf_counter()
-            await call()
-            latencies.append((time.perf_counter() - start) * 1000)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return total / (time.perf_counter() - start), latencies
 
 
 @contextlib.asynccontextmanager
@@ -110,17 +98,14 @@ async def _gateway(settings: Settings, adapter_port: int) -> AsyncIterator[tuple
 
 async def _rounds(paths: list, total: int, warmup: int) -> dict[str, list]:
     for _, call in paths:
-        await _run(call, max(warmup, 20))
+        await run_concurrently(call, max(warmup, 20), CONCURRENCY)
     rounds: dict[str, list] = {name: [] for name, _ in paths}
     for i in range(3):  # alternate, so machine noise hits every path alike
         for name, call in paths[::1 if i % 2 == 0 else -1]:
-            rounds[name].append(await _run(call, total))
+            rounds[name].append(await run_concurrently(call, total, CONCURRENCY))
     return rounds
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> list[dict]:
@@ -220,21 +205,21 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
     lat = {k: [x for _, ls in v for x in ls] for k, v in rounds.items()}
     summary = {"direct_calls_per_s": round(rate["direct"], 1), "adapter_calls_per_s": round(rate["adapter"], 1),
                "adapter_ratio": round(rate["adapter"] / rate["direct"], 3),
-               "added_p50_ms": round(_p(lat["adapter"], 0.5) - _p(lat["direct"], 0.5), 3),
+               "added_p50_ms": round(percentile(lat["adapter"], 0.5) - percentile(lat["direct"], 0.5), 3),
                "import_ms_per_operation": round(statistics.median(imports), 3)}
     print(f"\nadapter: {CONCURRENCY} concurrent callers, get_customer, {total} calls x 3 rounds each")
     for name in ("direct", "adapter", "gateway"):
         if name not in rounds:
             continue
-        print(f"  {name:<8} {rate[name]:8.1f} calls/s   p50 {_p(lat[name], 0.5):7.2f} ms   "
-              f"p95 {_p(lat[name], 0.95):7.2f} ms")
+        print(f"  {name:<8} {rate[name]:8.1f} calls/s   p50 {percentile(lat[name], 0.5):7.2f} ms   "
+              f"p95 {percentile(lat[name], 0.95):7.2f} ms")
     print(f"  ratio adapter/direct (calls/s): {summary['adapter_ratio']:.3f}   added p50: "
           f"{summary['added_p50_ms']:.2f} ms   import: {summary['import_ms_per_operation']:.2f} ms/operation")
     line = {"benchmark": "adapter", "summary": summary}
     if "gateway" in rounds:
         line["gateway"] = {"calls_per_s": round(rate["gateway"], 1), "ratio_to_direct":
                            round(rate["gateway"] / rate["direct_with_gateway"], 3),
-                           "p50_ms": round(_p(lat["gateway"], 0.5), 3), "p95_ms": round(_p(lat["gateway"], 0.95), 3)}
+                           "p50_ms": round(percentile(lat["gateway"], 0.5), 3), "p95_ms": round(percentile(lat["gateway"], 0.95), 3)}
         print(f"  gateway (gRPC CallTool -> pipeline -> Invoke) / direct in the same rounds "
               f"({rate['direct_with_gateway']:.1f} calls/s): {line['gateway']['ratio_to_direct']:.3f}")
     else:

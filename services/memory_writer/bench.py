@@ -26,6 +26,7 @@ import uuid
 import asyncpg
 import redis.asyncio
 
+from libs.bench import percentile
 from libs.auth import issue_token
 from libs.config import Settings
 from libs.events import Envelope
@@ -54,9 +55,6 @@ def _request(run: str, i: int) -> memory_pb2.WriteMemoryRequest:
         content=f"#{run}-{i}# {text}", idempotency_key=f"{run}-{i}")
 
 
-def _pct(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))] if ordered else 0.0
 
 
 async def _stream_run(settings: Settings, run: str, n: int, batch: int) -> tuple[float, list[float]]:
@@ -165,8 +163,8 @@ async def bench_write(settings: Settings, n: int = 20_000, batch: int = 200) -> 
     run = uuid.uuid4().hex[:8]
     print(f"write bench {run}: {n} memories, batches of {batch}, against the running memory-writer", flush=True)
     stream_rate, latencies = await _stream_run(settings, f"{run}-s", n, batch)
-    print(f"  stream: {stream_rate:,.0f} memories/s; ack p50 {_pct(latencies, .5):.1f} ms, "
-          f"p95 {_pct(latencies, .95):.1f} ms, p99 {_pct(latencies, .99):.1f} ms", flush=True)
+    print(f"  stream: {stream_rate:,.0f} memories/s; ack p50 {percentile(latencies, .5):.1f} ms, "
+          f"p95 {percentile(latencies, .95):.1f} ms, p99 {percentile(latencies, .99):.1f} ms", flush=True)
     grpc_rate = await _grpc_run(settings, f"{run}-g", n, batch)
     print(f"  gRPC WriteBatch: {grpc_rate:,.0f} memories/s", flush=True)
     baseline_rate, copied = await _baseline(settings, run, batch)
@@ -174,7 +172,7 @@ async def bench_write(settings: Settings, n: int = 20_000, batch: int = 200) -> 
     summary = {"stream_writes_per_s": round(stream_rate, 1), "grpc_writes_per_s": round(grpc_rate, 1),
                "baseline_rows_per_s": round(baseline_rate, 1),
                "ratio_stream_to_baseline": round(stream_rate / baseline_rate, 3) if baseline_rate else 0.0,
-               "ack_p50_ms": round(_pct(latencies, .5), 2), "ack_p95_ms": round(_pct(latencies, .95), 2),
-               "ack_p99_ms": round(_pct(latencies, .99), 2)}
+               "ack_p50_ms": round(percentile(latencies, .5), 2), "ack_p95_ms": round(percentile(latencies, .95), 2),
+               "ack_p99_ms": round(percentile(latencies, .99), 2)}
     print(f"  ratio stream/baseline: {summary['ratio_stream_to_baseline']}")
     return {"benchmark": "write", "n": n, "batch": batch, "summary": summary}

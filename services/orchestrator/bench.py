@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from libs.bench import percentile
 from libs.auth import TokenVerifier, issue_token
 from libs.config import Settings
 from libs.db import Database, apply_migrations, load_migrations
@@ -45,14 +46,11 @@ __all__ = ["bench_sessions"]
 TENANT = "bench"
 
 
-def _pct(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))] if ordered else 0.0
 
 
 def _stats(samples: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(samples), 3) if samples else 0.0,
-            "p95_ms": round(_pct(samples, 0.95), 3), "p99_ms": round(_pct(samples, 0.99), 3),
+            "p95_ms": round(percentile(samples, 0.95), 3), "p99_ms": round(percentile(samples, 0.99), 3),
             "max_ms": round(max(samples), 3) if samples else 0.0, "samples": len(samples)}
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import asyncpg
 
+from libs.bench import percentile
 from libs.config import Settings
 from libs.db import Database, apply_migrations, load_migrations
 
@@ -51,14 +52,11 @@ def _texts(n: int, rng: random.Random) -> list[str]:
     return out
 
 
-def _pct(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
 
 
 def _stats(samples: list[float]) -> dict:
-    return {"p50_ms": round(statistics.median(samples), 3), "p95_ms": round(_pct(samples, 0.95), 3),
-            "p99_ms": round(_pct(samples, 0.99), 3), "samples": len(samples)}
+    return {"p50_ms": round(statistics.median(samples), 3), "p95_ms": round(percentile(samples, 0.95), 3),
+            "p99_ms": round(percentile(samples, 0.99), 3), "samples": len(samples)}
 
 
 def _say(text: str) -> None:
@@ -151,8 +149,8 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
             runs.append({"memories": size, "index_texts_per_s": round(index_rate, 1), "optimize_s": round(optimize_s, 1),
                          "raw_engine": _stats(engine), "search": _stats(handler),
                          "search_with_embedding": _stats(embedded)})
-            _say(f"{size} memories: index {index_rate:.0f}/s, optimize {optimize_s:.1f} s, engine p95 {_pct(engine, .95):.2f} ms, search p95 "
-                 f"{_pct(handler, .95):.2f} ms, with embedding p95 {_pct(embedded, .95):.2f} ms")
+            _say(f"{size} memories: index {index_rate:.0f}/s, optimize {optimize_s:.1f} s, engine p95 {percentile(engine, .95):.2f} ms, search p95 "
+                 f"{percentile(handler, .95):.2f} ms, with embedding p95 {percentile(embedded, .95):.2f} ms")
         visibility = await _visibility(settings, db, retrieval, rate, writes, notifier)
         _say(f"visibility at {rate:.0f} writes/s: p50 {visibility['p50_ms']} ms, p95 {visibility['p95_ms']} ms")
     finally:

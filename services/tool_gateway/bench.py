@@ -29,6 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import SecretStr
 
+from libs.bench import percentile, run_concurrently
 from libs.auth import issue_token
 from libs.config import Settings
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
@@ -76,29 +77,13 @@ async def _process(*argv: str, env: dict[str, str] | None = None) -> AsyncIterat
                 await process.wait()
 
 
-async def _run(call: Callable[[], Awaitable[None]], total: int) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    queue = iter(range(total))
-
-    async def worker() -> None:
-        for _ in queue:
-            start = time.perf_counter()
-            await call()
-            latencies.append((time.perf_counter() - start) * 1000)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return total / (time.perf_counter() - start), latencies
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _figures(rate: float, latencies: list[float]) -> dict[str, float]:
-    return {"calls_per_s": round(rate, 1), "p50_ms": round(_p(latencies, 0.5), 3),
-            "p95_ms": round(_p(latencies, 0.95), 3), "p99_ms": round(_p(latencies, 0.99), 3)}
+    return {"calls_per_s": round(rate, 1), "p50_ms": round(percentile(latencies, 0.5), 3),
+            "p95_ms": round(percentile(latencies, 0.95), 3), "p99_ms": round(percentile(latencies, 0.99), 3)}
 
 
 async def _mcp_calls(url: str, tool: str, token: str, total: int, warmup: int) -> tuple[float, list[float]]:
@@ -110,8 +95,8 @@ async def _mcp_calls(url: str, tool: str, token: str, total: int, warmup: int) -
             if result.is_error:
                 raise RuntimeError(f"{tool} failed: {result.content[0].text[:300]}")
 
-        await _run(one, warmup)
-        return await _run(one, total)
+        await run_concurrently(one, warmup, CONCURRENCY)
+        return await run_concurrently(one, total, CONCURRENCY)
 
 
 async def _grpc_calls(address: str, token: str, total: int, warmup: int) -> tuple[float, list[float]]:
@@ -125,8 +110,8 @@ async def _grpc_calls(address: str, token: str, total: int, warmup: int) -> tupl
             if response.HasField("error"):
                 raise RuntimeError(f"gRPC CallTool failed: {response.error.reason}")
 
-        await _run(one, warmup)
-        return await _run(one, total)
+        await run_concurrently(one, warmup, CONCURRENCY)
+        return await run_concurrently(one, total, CONCURRENCY)
 
 
 async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_dir: str = "") -> dict:

@@ -115,7 +115,8 @@ class SchemaBuilder:
 
     # -- entry point ------------------------------------------------------------------------------
     def message(self, body: Element | None, context: str) -> dict:
-        """The object schema of one SOAP body (the keyword arguments zeep takes or returns)."""
+        """The object schema of one SOAP body (the keyword arguments zeep takes or returns). One builder
+        may serve many messages: named types are built once and shared."""
         if body is None:
             schema: dict = {"type": "object", "properties": {}, "additionalProperties": False}
         else:
@@ -127,8 +128,9 @@ class SchemaBuilder:
                 inner = self._type(body_type, anchor, (), context)
                 schema = {"type": "object", "properties": {body.name: inner}, "additionalProperties": False,
                           "required": [body.name]}
-        if self.defs:
-            schema = {**schema, "$defs": dict(self.defs)}
+        used = _reachable(schema, self.defs)
+        if used:
+            schema = {**schema, "$defs": {name: self.defs[name] for name in self.defs if name in used}}
         return schema
 
     # -- types -------------------------------------------------------------------------------------
@@ -150,7 +152,12 @@ class SchemaBuilder:
                 name, n = f"{base}_{n}", n + 1
             self._def_names[key] = name
             self.defs[name] = {}  # placeholder: recursive references find it
-            self.defs[name] = self._complex_inline(xsd_type, key, (), context)
+            try:
+                self.defs[name] = self._complex_inline(xsd_type, key, (), context)
+            except Exception:
+                # the operation fails; the next one that uses this type tries again, not an empty def
+                del self.defs[name], self._def_names[key]
+                raise
         return {"$ref": f"#/$defs/{self._def_names[key]}"}
 
     def _soap_array(self, xsd_type: ComplexType, context: str) -> dict:
@@ -283,6 +290,26 @@ class SchemaBuilder:
         if isinstance(indicator, Choice) and self.mode == "input":
             item.update(_choice_rule(_options(indicator), False))
         return item
+
+
+def _reachable(schema: dict, defs: dict[str, dict]) -> set[str]:
+    """The names of `defs` that `schema` references, directly or through other definitions (one
+    builder serves every operation of a port, so each schema carries only the definitions it uses)."""
+    found: set[str] = set()
+    pending: list[object] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref[len("#/$defs/"):]
+                if name not in found and name in defs:
+                    found.add(name)
+                    pending.append(defs[name])
+            pending.extend(value for key, value in node.items() if key != "$defs")
+        elif isinstance(node, list):
+            pending.extend(node)
+    return found
 
 
 def _options(choice: Choice) -> list[list[str]]:

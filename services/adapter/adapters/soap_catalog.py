@@ -7,6 +7,7 @@ from zeep.wsdl.bindings.soap import Soap11Binding, Soap12Binding, SoapBinding
 
 from libs.errors import NotFound, ValidationFailed
 from services.adapter.adapters.json_schema import SchemaBuilder
+from services.adapter.adapters.wsdl_gaps import WsdlOutline, dropped_operations, dropped_ports
 from services.adapter.adapters.wsdl_import import LoadedWsdl
 from services.adapter.adapters.xsd_facets import FacetIndex
 from services.adapter.adapters.xsd_notes import unmapped_constructs
@@ -24,13 +25,17 @@ def _soap_version(binding: object) -> str:
     return ""
 
 
-def list_ports(loaded: LoadedWsdl) -> list[tuple[PortInfo, object]]:
-    """Every (service, port) of the WSDL with its binding, SOAP ones first in document order."""
+def list_ports(loaded: LoadedWsdl, outline: WsdlOutline | None = None) -> list[tuple[PortInfo, object]]:
+    """Every (service, port) of the WSDL with its binding, SOAP ones first in document order. A port
+    whose address element is of another SOAP version than its binding (a SOAP 1.2 binding with a
+    soap:address) still has that address."""
+    outline = outline or WsdlOutline.from_documents(loaded.documents)
     found = []
     for service in loaded.document.services.values():
         for port in service.ports.values():
+            address = (port.binding_options or {}).get("address") or outline.port_address(service.name, port.name)
             info = PortInfo(service.name, port.name, port.binding.name.localname if port.binding.name is not None
-                            else "", _soap_version(port.binding), (port.binding_options or {}).get("address") or "")
+                            else "", _soap_version(port.binding), address)
             found.append((info, port))
     return sorted(found, key=lambda item: not item[0].soap_version)
 
@@ -50,50 +55,55 @@ def _choose(ports: list[tuple[PortInfo, object]], service: str, port: str) -> tu
 
 def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service: str = "", port: str = "",
                   index: FacetIndex | None = None) -> tuple[Catalog, SoapBinding]:
-    ports = list_ports(loaded)
+    outline = WsdlOutline.from_documents(loaded.documents)
+    ports = list_ports(loaded, outline)
+    lost_ports = dropped_ports(outline, {(i.service, i.port) for i, _ in ports})
     if not ports:
-        raise ValidationFailed("the WSDL declares services but no ports", field="source",
-                               hint="a wsdl:service needs a wsdl:port with a SOAP address")
+        raise ValidationFailed("the WSDL has no usable port: " + ("; ".join(lost_ports[:5]) or
+                                                                 "its services declare none"),
+                               field="source", hint="a wsdl:service needs a wsdl:port whose SOAP binding is defined")
     info, chosen = _choose(ports, service, port)
     binding: SoapBinding = chosen.binding
     if not info.address:
         raise ValidationFailed(f"port {info.service}/{info.port} has no soap:address location", field="source",
                                hint="set options.address to the endpoint URL")
     index = index or FacetIndex.from_documents(loaded.documents)
-    tools, failed, notes, taken = [], [], [*loaded.warnings, *unmapped_constructs(loaded.documents)], set()
+    tools, failed, taken = [], [], set()
+    notes = [*loaded.warnings, *lost_ports, *unmapped_constructs(loaded.documents)]
+    builders = SchemaBuilder(index, "input"), SchemaBuilder(index, "output")  # shared: types built once
     for operation in binding._operations.values():
         try:
-            tool = _tool(backend_id, info, operation, index, taken, notes)
+            tool = _tool(backend_id, info, operation, builders, taken, notes)
         except (ZeepError, LookupError, AttributeError, TypeError, KeyError, ValueError) as exc:
             failed.append(FailedOperation(operation.name, f"{exc.__class__.__name__}: {exc}"))
             continue
         taken.add(tool.name)
         tools.append(tool)
+    notes += builders[0].notes + builders[1].notes
+    if binding.name is not None:  # what zeep left out of the binding is failed, with the reason
+        failed += dropped_operations(outline, loaded.document.types, binding.name.text, set(binding._operations))
     catalog = Catalog(backend_id=backend_id, wsdl_hash=loaded.wsdl_hash, revision=revision, location=loaded.location,
                       port=info, ports=tuple(i for i, _ in ports), tools=tuple(tools), failed=tuple(failed),
                       notes=tuple(dict.fromkeys(notes)))
     return catalog, binding
 
 
-def _tool(backend_id: str, info: PortInfo, operation, index: FacetIndex, taken: set[str],
-          notes: list[str]) -> OperationTool:
+def _tool(backend_id: str, info: PortInfo, operation, builders: tuple[SchemaBuilder, SchemaBuilder],
+          taken: set[str], notes: list[str]) -> OperationTool:
     context = f"{operation.name}"
-    inputs = SchemaBuilder(index, "input")
+    inputs, outputs = builders
     input_schema = inputs.message(operation.input.body if operation.input else None, f"{context} input")
     if operation.output is not None:
-        outputs = SchemaBuilder(index, "output")
         output_schema = outputs.message(operation.output.body, f"{context} output")
-        notes.extend(outputs.notes)
     else:
         output_schema = {"type": "object", "properties": {}, "description": "one-way operation: no response"}
-    notes.extend(inputs.notes)
     header = getattr(operation.input, "header", None)
     if header is not None and getattr(header.type, "_element", None):
         names = [name for name, _ in header.type.elements]
         notes.append(f"{context}: SOAP header parts {', '.join(names)} are not exposed as arguments")
     faults = tuple(sorted(operation.faults)) if getattr(operation, "faults", None) else ()
     name = tool_name(backend_id, operation.name, taken)
-    description = describe_operation(operation.name, info.service, index.operation_docs.get(operation.name, ""),
+    description = describe_operation(operation.name, info.service, inputs.index.operation_docs.get(operation.name, ""),
                                      input_schema, faults)
     return OperationTool(name=name, operation=operation.name, description=description, input_schema=input_schema,
                          output_schema=output_schema, faults=faults, style=operation.style or "document",

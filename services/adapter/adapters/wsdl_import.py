@@ -18,10 +18,14 @@ from zeep.wsdl import Document
 
 from libs.errors import Unavailable, ValidationFailed
 from services.adapter.adapters.wsdl_loader import DocumentRefused, OfflineTransport
+from services.adapter.adapters.wsdl_repairs import drop_elements
 
 __all__ = ["LoadedWsdl", "WsdlSource", "load_wsdl", "upload_location"]
 
 XSD = "http://www.w3.org/2001/XMLSchema"
+WSDL = "http://schemas.xmlsoap.org/wsdl/"
+SOAP11 = "http://schemas.xmlsoap.org/wsdl/soap/"
+SOAP12 = "http://schemas.xmlsoap.org/wsdl/soap12/"
 _MAX_REPAIRS = 20
 
 
@@ -66,8 +70,15 @@ def _missing_type(message: str) -> etree.QName | None:
     return etree.QName(match.group(1)) if match else None
 
 
+def _names(node, value: str, qname) -> bool:
+    prefix, _, local = value.rpartition(":")
+    return local == qname.localname and node.nsmap.get(prefix or None) == qname.namespace
+
+
 def _untype(documents: dict[str, bytes], qname) -> dict[str, bytes]:
-    """Copies of `documents` where `type="p:Name"` attributes naming `qname` are removed (xs:anyType)."""
+    """Copies of `documents` where references to the undefined type `qname` become the most general
+    type: `type` attributes are removed (xs:anyType), extension and restriction bases become
+    xs:anyType (complex content) or xs:anySimpleType (simple content and simple types)."""
     changed = {}
     for location, content in documents.items():
         try:
@@ -76,14 +87,39 @@ def _untype(documents: dict[str, bytes], qname) -> dict[str, bytes]:
             continue
         hit = False
         for node in root.iter(f"{{{XSD}}}element", f"{{{XSD}}}attribute"):
-            value = node.get("type") or ""
-            prefix, _, local = value.rpartition(":")
-            if local == qname.localname and node.nsmap.get(prefix or None) == qname.namespace:
+            if _names(node, node.get("type") or "", qname):
                 del node.attrib["type"]
+                hit = True
+        for node in root.iter(f"{{{XSD}}}extension", f"{{{XSD}}}restriction"):
+            if _names(node, node.get("base") or "", qname):
+                complex_ = node.getparent() is not None and node.getparent().tag == f"{{{XSD}}}complexContent"
+                prefix = f"{node.prefix}:" if node.prefix else ""
+                node.set("base", prefix + ("anyType" if complex_ else "anySimpleType"))
                 hit = True
         if hit:
             changed[location] = etree.tostring(root, xml_declaration=True, encoding="utf-8")
     return changed
+
+
+_UNDEFINED = re.compile(r"No definition '(\{[^}]*\}[^']+)' in '(port_types|messages)' found")
+_REFERENCES = {  # what refers to an undefined definition, and may be left out without it
+    "port_types": ((f"{{{WSDL}}}binding",), "type",
+                   "binding(s) of portType {qname}, which no document defines, are left out with their ports"),
+    "messages": ((f"{{{SOAP11}}}header", f"{{{SOAP12}}}header", f"{{{SOAP11}}}headerfault",
+                  f"{{{SOAP12}}}headerfault"), "message",
+                 "SOAP header message {qname} is defined in no document: the header is left out of the operations "
+                 "that declare it"),
+}
+
+
+def _undefined_reference(message: str, documents: dict[str, bytes]) -> tuple[dict[str, bytes], str] | None:
+    match = _UNDEFINED.search(message)
+    if match is None:
+        return None
+    qname = etree.QName(match.group(1))
+    tags, attribute, note = _REFERENCES[match.group(2)]
+    changed = drop_elements(documents, tags, attribute, qname)
+    return (changed, note.format(qname=qname.text)) if changed else None
 
 
 def _load_error(exc: Exception, location: str, source: WsdlSource, field_name: str) -> Exception:
@@ -146,14 +182,23 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                     raise _load_error(exc, location, source, field_name) from None
                 documents.update(transport.loaded)
                 documents.update(changed)
-                repairs.append(f"type {qname} is defined in no loaded schema; elements of that type accept "
-                               "any value")
+                repairs.append(f"type {qname} is defined in no loaded schema; what uses it accepts any value")
+            except IndexError as exc:
+                # A binding of an undefined portType, or a SOAP header of an undefined message, sinks
+                # the whole document in zeep: leave that binding (or header) out, say so, and go on.
+                repair = _undefined_reference(str(exc), transport.loaded)
+                if repair is None:
+                    raise _load_error(exc, location, source, field_name) from None
+                changed, note = repair
+                documents.update(transport.loaded)
+                documents.update(changed)
+                repairs.append(note)
             except Exception as exc:  # noqa: BLE001 - mapped by _load_error, which re-raises what it does not know
                 raise _load_error(exc, location, source, field_name) from None
         else:
-            raise ValidationFailed(f"the WSDL references more than {_MAX_REPAIRS} undefined types", field=field_name,
-                                   hint="import the schemas that define them")
-    notes = repairs + [str(w.message) for w in caught]
+            raise ValidationFailed(f"the WSDL references more than {_MAX_REPAIRS} undefined types or definitions",
+                                   field=field_name, hint="import the schemas and documents that define them")
+    notes = list(dict.fromkeys(transport.repairs + repairs + [str(w.message) for w in caught]))
     loaded = dict(transport.loaded)
     if not any(document.services.values()):
         raise ValidationFailed("the WSDL declares no service (wsdl:service), so there is no endpoint to call",

@@ -27,6 +27,8 @@ import httpx
 from lxml import etree
 from zeep.transports import Transport
 
+from services.adapter.adapters.wsdl_repairs import repair_document
+
 __all__ = ["STANDARD_NAMESPACES", "DocumentRefused", "OfflineTransport", "standard_schema"]
 
 XSD_NS = "http://www.w3.org/2001/XMLSchema"
@@ -88,15 +90,18 @@ def _origin(url: str) -> tuple[str, str]:
     return parts.scheme.replace("https", "http"), parts.netloc.lower()
 
 
-def _add_standard_locations(content: bytes) -> bytes:
-    """Give location-less imports of standard namespaces a location, and import the standard
-    namespaces a schema references without importing them. Unparseable content is returned as
-    is: zeep reports the syntax error with its position."""
+def _prepare(content: bytes, notes: list[str]) -> bytes:
+    """The repairs of `wsdl_repairs` (named in `notes`); then give location-less imports of standard
+    namespaces a location, and import the standard namespaces a schema references without importing
+    them. Unparseable content is returned as is: zeep reports the syntax error with its position."""
     try:
         root = etree.fromstring(content, etree.XMLParser(resolve_entities=False, no_network=True))
     except etree.XMLSyntaxError:
         return content
-    changed = False
+    before = etree.tostring(root)
+    root, repaired = repair_document(root)
+    notes.extend(n for n in repaired if n not in notes)
+    changed = etree.tostring(root) != before
     for schema in root.iter(f"{{{XSD_NS}}}schema"):
         imported = {imp.get("namespace"): imp for imp in schema.findall(f"{{{XSD_NS}}}import")}
         wanted = set()
@@ -138,6 +143,7 @@ class OfflineTransport(Transport):
         self.allow_remote = allow_remote
         self.file_roots = file_roots  # None: any file (operator configuration); () : none
         self.loaded: dict[str, bytes] = {}
+        self.repairs: list[str] = []  # what wsdl_repairs changed, for the import's notes
 
     def load(self, url: str) -> bytes:
         if not url:
@@ -149,7 +155,7 @@ class OfflineTransport(Transport):
         if content is None:
             content = self._fetch(url)
         self.loaded[url] = content
-        return _add_standard_locations(content)
+        return _prepare(content, self.repairs)
 
     def _fetch(self, url: str) -> bytes:
         scheme = urlsplit(url).scheme

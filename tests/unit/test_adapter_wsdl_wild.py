@@ -1,0 +1,92 @@
+"""WSDL constructs found in public WSDLs that zeep trips on or drops silently, with the network off:
+each is repaired (and named in the notes) or reported by name, and the rest of the WSDL still works."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from libs.errors import ValidationFailed
+from libs.safe_schema import SafeValidator, check_schema
+from services.adapter.adapters.soap_catalog import build_catalog
+from services.adapter.adapters.wsdl_import import WsdlSource, load_wsdl
+
+WSDL = Path(__file__).parent / "wsdl"
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise OSError("network unreachable (test)")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture(scope="module")
+def wild():
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "wild" / "wild.wsdl")), "wild", file_roots=(WSDL,))
+    return build_catalog("wild", loaded, revision=1)[0]
+
+
+def test_an_xsd_import_straight_in_wsdl_types_is_read_and_named(wild) -> None:
+    assert wild.tool("Lookup").input_schema["properties"] == {"id": {"type": "string"}}
+    assert any("xsd:import of model.xsd outside any xsd:schema" in n for n in wild.notes)
+
+
+def test_a_prefix_declared_on_an_inner_element_of_an_included_schema_resolves(wild) -> None:
+    record = wild.tool("Lookup").output_schema["$defs"]["Record"]
+    assert set(record["properties"]) == {"created", "title"}  # q1:Entity, the base declared through xmlns:q1
+
+
+def test_operations_zeep_drops_are_failed_with_the_missing_definition_named(wild) -> None:
+    failed = {f.operation: f.reason for f in wild.failed}
+    assert set(failed) == {"Archive", "Purge"}
+    assert "element {urn:example:wild:lost}Archive is defined in no loaded schema" in failed["Archive"]
+    assert "imported without a schemaLocation" in failed["Archive"]
+    assert failed["Purge"] == "portType {urn:example:wild}Records declares no operation Purge"
+    assert [t.operation for t in wild.tools] == ["Lookup"]
+
+
+def test_a_binding_of_an_undefined_port_type_and_an_undefined_header_message_are_left_out(wild) -> None:
+    notes = " | ".join(wild.notes)
+    assert "portType {urn:example:wild}LegacyRecords, which no document defines, are left out" in notes
+    assert "SOAP header message {urn:example:wild}SessionHeader is defined in no document" in notes
+    assert "port RecordService/GhostPort is left out: its binding {urn:example:wild}Ghost" in notes
+    assert [p.port for p in wild.ports] == ["Records12Port"]
+
+
+def test_a_soap12_binding_whose_port_has_a_soap11_address_keeps_that_address(wild) -> None:
+    assert (wild.port.soap_version, wild.port.address) == ("1.2", "http://records.example/soap12")
+
+
+def test_an_undefined_extension_base_becomes_any_and_is_named(wild) -> None:
+    schema = wild.tool("Lookup").output_schema
+    assert schema["$defs"]["Stamp"]["properties"] == {"by": {"type": "string"}}
+    assert any("{urn:example:wild:model}Undefined is defined in no loaded schema" in n for n in wild.notes)
+    check_schema(schema)
+    SafeValidator(schema)
+
+
+def test_a_wsdl_whose_only_port_has_an_undefined_binding_is_refused_naming_port_and_binding() -> None:
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "wild" / "no_port.wsdl")), "ghost", file_roots=(WSDL,))
+    with pytest.raises(ValidationFailed) as err:
+        build_catalog("ghost", loaded, revision=1)
+    assert "GhostService/GhostPort" in err.value.reason and "{urn:example:ghost}Phantom" in err.value.reason
+
+
+def test_each_operation_schema_carries_only_the_definitions_it_uses() -> None:
+    """Types are built once per port and shared; each schema still carries every definition it
+    references and none it does not."""
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "multi" / "orders.wsdl")), "orders", file_roots=(WSDL,))
+    catalog = build_catalog("orders", loaded, revision=1)[0]
+    for tool in catalog.tools:
+        for schema in (tool.input_schema, tool.output_schema):
+            referenced = set(re.findall(r"#/\$defs/([^'\"]+)", json.dumps(schema)))
+            assert referenced == set(schema.get("$defs", {})), tool.name
+            check_schema(schema)
+    assert any(tool.input_schema.get("$defs") for tool in catalog.tools)

@@ -22,6 +22,7 @@ from services.adapter.adapters.soap_call import Credentials
 from services.adapter.domain.commands import DropBackend, ImportOptions, ImportWsdl, InvokeOperation, OperationPolicy
 from services.adapter.domain.errors import BackendFault, BadResponse
 from services.adapter.entrypoints import grpc_api
+from services.adapter.adapters.gateway import tool_specs
 from services.adapter.service_layer import handlers
 from services.adapter.service_layer.handlers import Bridge
 from soap_fixture import soap_server
@@ -103,7 +104,9 @@ async def test_arguments_are_validated_against_the_generated_schema_before_any_c
 
 async def test_a_slow_operation_times_out_per_operation_policy(bridge: Bridge, soap_url: str) -> None:
     options = ImportOptions(operations={"slow_echo": OperationPolicy(timeout_seconds=0.3)})
-    await handlers.import_wsdl(ImportWsdl("billing", url=f"{soap_url}/soap11?wsdl", options=options), bridge)
+    result = await handlers.import_wsdl(ImportWsdl("billing", url=f"{soap_url}/soap11?wsdl", options=options), bridge)
+    specs = {s.name: s for s in tool_specs(result.catalog, 30.0, 0)}  # what the gateway is told
+    assert specs["billing.slow_echo"].timeout_seconds == 0.3 and specs["billing.ping"].timeout_seconds == 30.0
     with pytest.raises(DeadlineExceeded) as err:
         await call(bridge, "slow_echo", text="hi", delay_ms=3000)
     assert err.value.retryable and "0.3 s" in err.value.reason
@@ -203,3 +206,38 @@ async def test_calls_run_concurrently_up_to_the_endpoint_limit(bridge: Bridge, s
     assert [r["slow_echoResult"] for r in results] == [str(i) for i in range(8)]
     assert 0.55 < elapsed < 2.4, elapsed  # limit 4: two waves of 0.3 s, not eight in a row, not all at once
     json.dumps(results)
+
+
+async def test_imports_and_calls_never_block_the_event_loop(bridge: Bridge, soap_url: str) -> None:
+    """A heartbeat on the loop keeps beating while a WSDL is parsed (zeep, in a worker thread) and
+    slow calls wait on the endpoint, and the endpoint never sees more calls than its limit (4)."""
+    loop = asyncio.get_running_loop()
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def heartbeat() -> None:
+        last = loop.time()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - last)
+            last = loop.time()
+
+    beating = asyncio.create_task(heartbeat())
+    await handlers.import_wsdl(ImportWsdl("billing", url=f"{soap_url}/soap11?wsdl"), bridge)
+    endpoint = bridge.live["billing"].endpoint
+    limit = endpoint._limit
+    in_flight = []
+
+    async def observed(i: int) -> dict:
+        result = call(bridge, "slow_echo", text=str(i), delay_ms=200)
+        task = asyncio.ensure_future(result)
+        while not task.done():
+            in_flight.append(4 - limit._value)  # calls holding the endpoint's semaphore right now
+            await asyncio.sleep(0.02)
+        return task.result()
+
+    await asyncio.gather(*(observed(i) for i in range(10)))
+    done.set()
+    await beating
+    assert max(in_flight) == 4  # the limit is reached and never exceeded
+    assert max(gaps) < 0.25, max(gaps)  # no step of the import or the calls held the loop

@@ -13,7 +13,8 @@ from services.adapter.adapters.com_backend import ComBackend, com_arguments
 from services.adapter.domain.com_config import com_catalog, parse_com_objects
 from services.adapter.domain.com_errors import ComFault, com_error_parts
 from services.adapter.domain.com_variant import VT, Variant
-from services.adapter.domain.commands import InvokeOperation
+from services.adapter.adapters.gateway import tool_specs
+from services.adapter.domain.commands import DropBackend, InvokeOperation
 from services.adapter.domain.errors import BadResponse
 from services.adapter.service_layer import handlers
 from services.adapter.service_layer.handlers import Bridge
@@ -24,7 +25,7 @@ CONFIG = """{"ledger": {"progid": "Acme.Ledger", "timeout_seconds": 0.5, "retrie
                       {"name": "memo", "vt": "VT_BSTR", "optional": true},
                       {"name": "on", "vt": "VT_DATE", "optional": true}]},
   "Balance": {"params": [{"name": "account", "vt": "VT_BSTR"}], "returns": "VT_CY"},
-  "Wait": {"params": [{"name": "tag", "vt": "VT_BSTR"}]},
+  "Wait": {"params": [{"name": "tag", "vt": "VT_BSTR"}], "timeout_seconds": 0.3},
   "Crash": {}, "Handle": {},
   "Version": {"property": true, "returns": "VT_BSTR"}}}}"""
 
@@ -183,7 +184,7 @@ async def test_a_call_that_outlives_its_timeout_is_deadline_exceeded_and_queued_
     with anyio.fail_after(10):
         with pytest.raises(DeadlineExceeded) as err:
             await invoke(backend, "Wait", tag="first")
-        assert runtime.started.is_set() and "0.5 s" in err.value.reason
+        assert runtime.started.is_set() and "0.3 s" in err.value.reason  # the method's own timeout
         with pytest.raises(DeadlineExceeded):
             await invoke(backend, "Wait", tag="second")  # queued behind the first, given up
         runtime.release.set()
@@ -224,3 +225,45 @@ def test_com_cannot_load_on_this_host_and_says_why() -> None:
     with pytest.raises(Unimplemented) as err:
         load_runtime()
     assert "Windows host" in err.value.reason
+
+
+def test_com_tools_are_registered_with_each_method_s_timeout_and_retries_else_the_object_s() -> None:
+    specs = {s.name: s for s in tool_specs(com_catalog(parse_com_objects(CONFIG)[0]), 30.0, 0)}
+    assert (specs["ledger.wait"].timeout_seconds, specs["ledger.wait"].retries) == (0.3, 1)
+    assert (specs["ledger.post"].timeout_seconds, specs["ledger.post"].retries) == (0.5, 1)
+
+
+class _NoStore:
+    async def get(self, backend_id):
+        return None
+
+    async def delete(self, backend_id):
+        return False
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+
+    async def unregister(self, names):
+        self.removed += names
+        return ""
+
+
+async def test_dropping_a_com_backend_stops_its_worker_and_removes_its_tools(ledger) -> None:
+    backend, runtime = ledger
+    registry = _Registry()
+    bridge = Bridge(store=_NoStore(), loader=None, registry=registry, live={"ledger": backend})  # type: ignore[arg-type]
+    assert await invoke(backend, "Version") == {"result": "3.1"}
+    assert backend.worker.thread.is_alive()
+    with anyio.fail_after(10):
+        names, problem = await handlers.drop(DropBackend("ledger"), bridge)
+    assert not backend.worker.thread.is_alive() and [k for k, _ in runtime.events][-1] == "leave"
+    assert problem == "" and registry.removed == names and "ledger.version" in names and "ledger" not in bridge.live
+
+
+def test_a_method_timeout_out_of_range_is_refused_naming_the_method() -> None:
+    bad = CONFIG.replace('"timeout_seconds": 0.3', '"timeout_seconds": 900')
+    with pytest.raises(ValidationFailed) as err:
+        parse_com_objects(bad)
+    assert "ledger.methods.Wait" in err.value.field and "timeout_seconds" in err.value.reason

@@ -37,6 +37,9 @@ class FakeLive:
         self.calls.append((tool.operation, arguments))
         return {"ok": tool.operation}
 
+    async def aclose(self):
+        self.closed = True
+
 
 class FakeLoader:
     """Serves the catalogs put in `wsdls` by WSDL text (the document an import sends)."""
@@ -151,8 +154,9 @@ async def test_unknown_backends_and_operations_are_not_found_with_what_exists(br
 
 async def test_drop_forgets_the_backend_and_removes_its_tools_from_the_gateway(bridge: Bridge) -> None:
     await handlers.import_wsdl(importing(b"v1"), bridge)
+    live = bridge.live["billing"]
     tools, error = await handlers.drop(DropBackend("billing"), bridge)
-    assert tools == ["billing.getcustomer", "billing.ping"] and error == ""
+    assert tools == ["billing.getcustomer", "billing.ping"] and error == "" and live.closed
     assert bridge.registry.removed == tools and bridge.store.rows == {} and bridge.live == {}
     with pytest.raises(NotFound):
         await handlers.drop(DropBackend("billing"), bridge)

@@ -34,7 +34,7 @@ def wild():
 
 
 def test_an_xsd_import_straight_in_wsdl_types_is_read_and_named(wild) -> None:
-    assert wild.tool("Lookup").input_schema["properties"] == {"id": {"type": "string"}}
+    assert set(wild.tool("Lookup").input_schema["properties"]) == {"id", "filter", "detail", "paging"}
     assert any("xsd:import of model.xsd outside any xsd:schema" in n for n in wild.notes)
 
 
@@ -90,3 +90,25 @@ def test_each_operation_schema_carries_only_the_definitions_it_uses() -> None:
             assert referenced == set(schema.get("$defs", {})), tool.name
             check_schema(schema)
     assert any(tool.input_schema.get("$defs") for tool in catalog.tools)
+
+
+def test_a_choice_with_an_xsd_any_option_names_it_as_zeep_does(wild) -> None:
+    schema = wild.tool("Lookup").input_schema
+    check_schema(schema)
+    assert resolve(schema, schema["properties"]["filter"])["oneOf"] == [{"required": ["byName"]},
+                                                                        {"required": ["_value_1"]}]
+    validator = SafeValidator(schema)
+    assert not list(validator.iter_errors({"id": "1", "filter": {"byName": "x"}}))
+    assert list(validator.iter_errors({"id": "1", "filter": {}}))
+
+
+def resolve(schema: dict, node: dict) -> dict:
+    return schema["$defs"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else node
+
+
+def test_local_elements_of_one_name_keep_their_own_anonymous_types_and_facets(wild) -> None:
+    schema = wild.tool("Lookup").input_schema
+    detail = resolve(schema, schema["properties"]["detail"])
+    nested = resolve(schema, resolve(schema, schema["properties"]["paging"])["properties"]["detail"])
+    assert detail["properties"] == {"level": {"type": "string", "enum": ["low", "high"]}}
+    assert nested["properties"] == {"depth": {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}}

@@ -180,17 +180,19 @@ class ComBackend:
         if method is None:  # the catalog comes from the allow-list, so this is a mismatch, not a caller's typo
             raise NotFound(f"{tool.operation} is not on the allow-list of {self.obj.backend_id}", field="operation")
         args = com_arguments(method, arguments)
-        for attempt in range(self.obj.retries + 1):
+        timeout, retries = self.obj.policy(method)
+        for attempt in range(retries + 1):
             try:
-                return {"result": await self.worker.call(method, args, self.obj.timeout_seconds)}
+                return {"result": await self.worker.call(method, args, timeout)}
             except ComFault as exc:  # a timed-out call may still hold the apartment: not retried
-                if not exc.retryable or attempt == self.obj.retries:
+                if not exc.retryable or attempt == retries:
                     raise
                 await asyncio.sleep(self.backoff_seconds * 2 ** attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.worker.stop)  # leaves the apartment on the worker's own thread
+        """Stop the worker (it releases the object and leaves the apartment on its own thread)."""
+        await asyncio.to_thread(self.worker.stop)
 
 
 def com_backends(objects: list[ComObject], runtime: ComRuntime) -> dict[str, ComBackend]:

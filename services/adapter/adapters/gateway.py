@@ -26,11 +26,13 @@ def _struct(value: dict) -> struct_pb2.Struct:
 
 
 def tool_specs(catalog: Catalog, timeout_seconds: float, retries: int) -> list[common_pb2.ToolSpec]:
-    """One ToolSpec per operation: namespaced by backend, versioned by import revision and WSDL hash."""
+    """One ToolSpec per operation: namespaced by backend, versioned by import revision and WSDL hash,
+    with the operation's own timeout and retries where it has them (else the given defaults)."""
     version = tool_version(catalog.revision, catalog.wsdl_hash)
     return [common_pb2.ToolSpec(name=t.name, description=t.description, input_schema=_struct(t.input_schema),
                                 output_schema=_struct(t.output_schema), version=version,
-                                timeout_seconds=timeout_seconds, retries=retries,
+                                timeout_seconds=t.timeout_seconds or timeout_seconds,
+                                retries=t.retries if t.retries >= 0 else retries,
                                 backend=f"adapter:{catalog.backend_id}/{t.operation}")
             for t in catalog.tools]
 

@@ -111,6 +111,7 @@ class SchemaBuilder:
         self.index, self.mode = index, mode
         self.defs: dict[str, dict] = {}
         self._def_names: dict[str, str] = {}
+        self._keep: list[object] = []
         self.notes: list[str] = []
 
     # -- entry point ------------------------------------------------------------------------------
@@ -139,12 +140,20 @@ class SchemaBuilder:
             if xsd_type._array_type is not None:
                 return self._soap_array(xsd_type, context)
             if xsd_type.qname is not None:
-                return self._ref(xsd_type, context)
+                return self._ref(xsd_type, anchor, path, context)
             return self._complex_inline(xsd_type, anchor, path, context)
         return self._simple(xsd_type, anchor, path, context)
 
-    def _ref(self, xsd_type: ComplexType, context: str) -> dict:
-        key = xsd_type.qname.text
+    def _ref(self, xsd_type: ComplexType, anchor: str | None, path: tuple[str, ...], context: str) -> dict:
+        """A reference to the definition of a complex type. A named (global) type is keyed by its QName.
+        An anonymous one carries the name of its element in zeep, and local elements of one name may
+        declare different types, so it is keyed by the type object itself and read at its own place
+        (anchor and path) in the schema."""
+        if getattr(xsd_type, "is_global", True):
+            key, anchor, path = xsd_type.qname.text, xsd_type.qname.text, ()
+        else:
+            key = f"anonymous:{id(xsd_type)}"
+            self._keep.append(xsd_type)  # the id stays unique while the builder lives
         if key not in self._def_names:
             base = re.sub(r"[^A-Za-z0-9_.-]", "_", xsd_type.qname.localname) or "type"
             name, n = base, 2
@@ -153,7 +162,7 @@ class SchemaBuilder:
             self._def_names[key] = name
             self.defs[name] = {}  # placeholder: recursive references find it
             try:
-                self.defs[name] = self._complex_inline(xsd_type, key, (), context)
+                self.defs[name] = self._complex_inline(xsd_type, anchor, path, context)
             except Exception:
                 # the operation fails; the next one that uses this type tries again, not an empty def
                 del self.defs[name], self._def_names[key]
@@ -313,12 +322,16 @@ def _reachable(schema: dict, defs: dict[str, dict]) -> set[str]:
 
 
 def _options(choice: Choice) -> list[list[str]]:
+    """The property names of each option of a choice. Leaf members take the name zeep gives them
+    (an xsd:any has none of its own: zeep calls it `_value_N`)."""
+    given = {id(member): name for name, member in choice.elements}
     options = []
     for member in choice:
         if isinstance(member, (OrderIndicator, Group)):
             options.append([n for n, _ in member.elements])
         else:
-            options.append([getattr(member, "attr_name", None) or getattr(member, "name", "")])
+            name = given.get(id(member)) or getattr(member, "attr_name", None) or getattr(member, "name", None)
+            options.append([name] if name else [])
     return [o for o in options if o]
 
 

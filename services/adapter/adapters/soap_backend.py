@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,9 @@ class SoapBackend:
     async def invoke(self, tool: OperationTool, arguments: dict) -> dict:
         return await self.endpoint.invoke(tool, arguments)
 
+    async def aclose(self) -> None:
+        """Nothing of its own to release: the HTTP client is shared by every backend."""
+
 
 class SoapLoader:
     def __init__(self, http: httpx.AsyncClient, *, credentials: dict[str, Credentials], wsdl_dir: Path,
@@ -89,6 +93,9 @@ class SoapLoader:
         if unknown:
             raise ValidationFailed(f"names operations the port does not have: {', '.join(unknown)}",
                                    field="options.operations")
+        catalog = dataclasses.replace(catalog, tools=tuple(  # registered with the gateway with these
+            dataclasses.replace(t, timeout_seconds=policies.get(t.operation, default).timeout_seconds,
+                                retries=policies.get(t.operation, default).retries) for t in catalog.tools))
         endpoint = SoapEndpoint(catalog, binding, http=self.http, limits=self.limits, concurrency=self.concurrency,
                                 credentials=credentials, address=options.address, policies=policies,
                                 default_policy=default)

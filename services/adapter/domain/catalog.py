@@ -26,6 +26,8 @@ class OperationTool:
     faults: tuple[str, ...] = ()
     style: str = "document"
     soap_action: str = ""
+    timeout_seconds: float = 0.0  # this operation's configured timeout; 0: the backend's default
+    retries: int = -1  # likewise; -1: the backend's default
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """COM objects as configured (ProgID + method allow-list) and the Catalog of their tools. No I/O here.
 
     {"calc": {"progid": "Acme.Calculator", "timeout_seconds": 10, "retries": 1,
-              "methods": {"Add": {"description": "Adds two numbers.", "returns": "VT_R8",
+              "methods": {"Add": {"description": "Adds two numbers.", "returns": "VT_R8", "timeout_seconds": 2,
                                   "params": [{"name": "a", "vt": "VT_R8"}, {"name": "b", "vt": "VT_R8"}]},
                           "Version": {"property": true, "returns": "VT_BSTR"}}}}
 
@@ -39,6 +39,8 @@ class ComMethod:
     returns: int = 12  # VT_VARIANT
     description: str = ""
     is_property: bool = False
+    timeout_seconds: float = 0.0  # 0: the object's timeout_seconds
+    retries: int = -1  # -1: the object's retries
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class ComObject:
     timeout_seconds: float = 30.0
     retries: int = 0
     config_hash: str = ""
+
+    def policy(self, method: ComMethod) -> tuple[float, int]:
+        """(timeout in seconds, retries) of one method: its own, else the object's."""
+        return (method.timeout_seconds or self.timeout_seconds,
+                method.retries if method.retries >= 0 else self.retries)
 
 
 def _method(backend_id: str, name: str, entry: object) -> ComMethod:
@@ -70,8 +77,13 @@ def _method(backend_id: str, name: str, entry: object) -> ComMethod:
     is_property = bool(entry.get("property", False))
     if is_property and params:
         raise ValidationFailed("a property read takes no params", field=where)
+    timeout, retries = entry.get("timeout_seconds", 0.0), entry.get("retries", -1)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout <= 600:
+        raise ValidationFailed("timeout_seconds must be between 0 and 600 (0: the object's)", field=where)
+    if not isinstance(retries, int) or isinstance(retries, bool) or not -1 <= retries <= 5:
+        raise ValidationFailed("retries must be between 0 and 5 (-1: the object's)", field=where)
     return ComMethod(name, tuple(params), vt_of(str(entry.get("returns", "VT_VARIANT"))),
-                     str(entry.get("description", "")), is_property)
+                     str(entry.get("description", "")), is_property, float(timeout), retries)
 
 
 def parse_com_objects(text: str) -> list[ComObject]:
@@ -140,7 +152,9 @@ def com_catalog(obj: ComObject, revision: int = 1) -> Catalog:
         documentation = method.description or (f"Reads the {method.name} property of the COM object {obj.progid}."
                                                if method.is_property else "")
         description = describe_operation(method.name, obj.progid, documentation, input_schema, ())
+        timeout, retries = obj.policy(method)
         tools.append(OperationTool(name=name, operation=method.name, description=description,
-                                   input_schema=input_schema, output_schema=output_schema, style="com"))
+                                   input_schema=input_schema, output_schema=output_schema, style="com",
+                                   timeout_seconds=timeout, retries=retries))
     return Catalog(backend_id=obj.backend_id, wsdl_hash=obj.config_hash, revision=revision,
                    location=f"com:{obj.progid}", port=port, ports=(port,), tools=tuple(tools), kind="com")

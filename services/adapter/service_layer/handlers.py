@@ -106,6 +106,8 @@ async def drop(command: DropBackend, bridge: Bridge) -> tuple[list[str], str]:
     if stored is None and live is None:
         raise NotFound(f"no backend {command.backend_id!r} is imported", field="backend_id")
     await bridge.store.delete(command.backend_id)
+    if live is not None:
+        await live.aclose()  # a COM backend's worker thread stops here, not at process exit
     names = stored.tools if stored else [t.name for t in live.catalog.tools]
     return names, await bridge.registry.unregister(names)
 

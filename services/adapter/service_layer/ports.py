@@ -30,6 +30,9 @@ class LiveBackend(Protocol):
 
     async def invoke(self, tool: OperationTool, arguments: dict) -> dict: ...
 
+    async def aclose(self) -> None:
+        """Release what the backend holds (a COM backend stops its apartment worker)."""
+
 
 class BackendLoader(Protocol):
     async def load(self, command: ImportWsdl, *, revision: int, trusted: bool = False) -> LiveBackend:

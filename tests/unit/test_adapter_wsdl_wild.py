@@ -112,3 +112,16 @@ def test_local_elements_of_one_name_keep_their_own_anonymous_types_and_facets(wi
     nested = resolve(schema, resolve(schema, schema["properties"]["paging"])["properties"]["detail"])
     assert detail["properties"] == {"level": {"type": "string", "enum": ["low", "high"]}}
     assert nested["properties"] == {"depth": {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}}
+
+
+def test_a_wsdl_without_a_service_is_called_at_the_configured_address_through_a_chosen_binding() -> None:
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "wild" / "interface_only.wsdl")), "echo", file_roots=(WSDL,))
+    with pytest.raises(ValidationFailed) as err:
+        build_catalog("echo", loaded, revision=1)
+    assert err.value.field == "options.address" and "binding EchoSoap11 is used by no wsdl:port" in err.value.reason
+    catalog = build_catalog("echo", loaded, revision=1, address="http://echo.example/soap")[0]
+    assert (catalog.port.binding, catalog.port.soap_version, catalog.port.address) == (
+        "EchoSoap11", "1.1", "http://echo.example/soap")
+    assert [t.name for t in catalog.tools] == ["echo.echo"]
+    chosen = build_catalog("echo", loaded, revision=1, port="EchoSoap12", address="http://echo.example/soap12")[0]
+    assert chosen.port.soap_version == "1.2"

@@ -81,7 +81,7 @@ class SoapLoader:
             loaded = load_wsdl(source, command.backend_id, allow_remote=options.allow_remote, file_roots=roots,
                                timeout=options.timeout_seconds)
             catalog, binding = build_catalog(command.backend_id, loaded, revision=revision, service=options.service,
-                                             port=options.port)
+                                             port=options.port, address=options.address)
             return loaded, catalog, binding
 
         loaded, catalog, binding = await asyncio.to_thread(work)  # zeep parses synchronously

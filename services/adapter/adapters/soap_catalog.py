@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 from zeep.exceptions import Error as ZeepError
 from zeep.wsdl.bindings.soap import Soap11Binding, Soap12Binding, SoapBinding
 
@@ -37,14 +40,22 @@ def list_ports(loaded: LoadedWsdl, outline: WsdlOutline | None = None) -> list[t
             info = PortInfo(service.name, port.name, port.binding.name.localname if port.binding.name is not None
                             else "", _soap_version(port.binding), address)
             found.append((info, port))
-    return sorted(found, key=lambda item: not item[0].soap_version)
+    used = {id(port.binding) for _, port in found}
+    for binding in loaded.document.bindings.values():  # SOAP bindings no port uses: callable at options.address
+        if isinstance(binding, SoapBinding) and id(binding) not in used and binding.name is not None:
+            found.append((PortInfo("", "", binding.name.localname, _soap_version(binding), ""),
+                          SimpleNamespace(binding=binding)))
+    return sorted(found, key=lambda item: (not item[0].soap_version, not item[0].port))
 
 
 def _choose(ports: list[tuple[PortInfo, object]], service: str, port: str) -> tuple[PortInfo, object]:
-    candidates = [(i, p) for i, p in ports if (not service or i.service == service) and (not port or i.port == port)]
+    """The first SOAP port matching service and port; a binding no port uses matches by its name."""
+    candidates = [(i, p) for i, p in ports if (not service or i.service == service)
+                  and (not port or port == (i.port or i.binding))]
     soap = [(i, p) for i, p in candidates if i.soap_version]
     if not soap:
         available = ", ".join(f"{i.service}/{i.port} ({'SOAP ' + i.soap_version if i.soap_version else 'not SOAP'})"
+                              if i.port else f"binding {i.binding} (SOAP {i.soap_version}, no port)"
                               for i, _ in ports) or "none"
         wanted = "/".join(filter(None, [service, port])) or "any"
         raise NotFound(f"no SOAP port matches {wanted}; the WSDL has {available}",
@@ -54,7 +65,8 @@ def _choose(ports: list[tuple[PortInfo, object]], service: str, port: str) -> tu
 
 
 def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service: str = "", port: str = "",
-                  index: FacetIndex | None = None) -> tuple[Catalog, SoapBinding]:
+                  address: str = "", index: FacetIndex | None = None) -> tuple[Catalog, SoapBinding]:
+    """The tools of one port (or of a SOAP binding no port uses, when `address` says where to call it)."""
     outline = WsdlOutline.from_documents(loaded.documents)
     ports = list_ports(loaded, outline)
     lost_ports = dropped_ports(outline, {(i.service, i.port) for i, _ in ports})
@@ -64,9 +76,17 @@ def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service
                                field="source", hint="a wsdl:service needs a wsdl:port whose SOAP binding is defined")
     info, chosen = _choose(ports, service, port)
     binding: SoapBinding = chosen.binding
-    if not info.address:
+    if not info.port and not address:
+        lost = f" ({'; '.join(lost_ports[:3])})" if lost_ports else ""
+        raise ValidationFailed(f"binding {info.binding} is used by no wsdl:port, so the WSDL does not say where to "
+                               f"call it{lost}", field="options.address",
+                               hint="set options.address to the endpoint URL (and options.port to a binding name to "
+                                    "choose another binding)")
+    if not info.address and not address:
         raise ValidationFailed(f"port {info.service}/{info.port} has no soap:address location", field="source",
                                hint="set options.address to the endpoint URL")
+    if address:
+        info = dataclasses.replace(info, address=address)
     index = index or FacetIndex.from_documents(loaded.documents)
     tools, failed, taken = [], [], set()
     notes = [*loaded.warnings, *lost_ports, *unmapped_constructs(loaded.documents)]

@@ -15,6 +15,7 @@ from zeep.exceptions import Error as ZeepError
 from zeep.exceptions import LookupError as ZeepLookupError
 from zeep.exceptions import XMLParseError, XMLSyntaxError
 from zeep.wsdl import Document
+from zeep.wsdl.bindings.soap import SoapBinding
 
 from libs.errors import Unavailable, ValidationFailed
 from services.adapter.adapters.wsdl_loader import DocumentRefused, OfflineTransport
@@ -200,7 +201,9 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                                    field=field_name, hint="import the schemas and documents that define them")
     notes = list(dict.fromkeys(transport.repairs + repairs + [str(w.message) for w in caught]))
     loaded = dict(transport.loaded)
-    if not any(document.services.values()):
-        raise ValidationFailed("the WSDL declares no service (wsdl:service), so there is no endpoint to call",
-                               field=field_name, hint="import the WSDL that holds the service and port definitions")
+    if not any(document.services.values()) and not any(isinstance(b, SoapBinding)
+                                                       for b in document.bindings.values()):
+        raise ValidationFailed("the WSDL declares no service (wsdl:service) and no SOAP binding, so there is "
+                               "nothing to call", field=field_name,
+                               hint="import the WSDL that holds the binding, service and port definitions")
     return LoadedWsdl(document, location, loaded, _hash(loaded), notes)

@@ -98,10 +98,9 @@ def _prepare(content: bytes, notes: list[str]) -> bytes:
         root = etree.fromstring(content, etree.XMLParser(resolve_entities=False, no_network=True))
     except etree.XMLSyntaxError:
         return content
-    before = etree.tostring(root)
-    root, repaired = repair_document(root)
+    repaired_root, repaired = repair_document(root, content)
     notes.extend(n for n in repaired if n not in notes)
-    changed = etree.tostring(root) != before
+    changed, root = bool(repaired) or repaired_root is not root, repaired_root
     for schema in root.iter(f"{{{XSD_NS}}}schema"):
         imported = {imp.get("namespace"): imp for imp in schema.findall(f"{{{XSD_NS}}}import")}
         wanted = set()

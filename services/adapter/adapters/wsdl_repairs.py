@@ -42,9 +42,11 @@ def _wrap_bare_imports(root: etree._Element) -> list[str]:
     return notes
 
 
-def _hoist_namespaces(root: etree._Element) -> etree._Element:
+def _hoist_namespaces(root: etree._Element, content: bytes) -> etree._Element:
     """The document with its root also declaring every prefix inner elements bind to one namespace
     only, so the prefix still resolves when zeep moves the children under another root."""
+    if content.count(b"xmlns:") <= sum(1 for prefix in root.nsmap if prefix):
+        return root  # every prefixed declaration is on the root already (the common case): nothing to scan
     declared: dict[str, set[str]] = {}
     for node in root.iter():
         if not isinstance(node.tag, str):
@@ -83,12 +85,12 @@ def _drop_unbound(root: etree._Element) -> list[str]:
     return notes
 
 
-def repair_document(root: etree._Element) -> tuple[etree._Element, list[str]]:
-    """The repaired document (`root` changed in place, or a new root) and sentences saying what
-    changed (empty: nothing that matters)."""
+def repair_document(root: etree._Element, content: bytes) -> tuple[etree._Element, list[str]]:
+    """The repaired document parsed from `content` (`root` changed in place, or a new root) and
+    sentences saying what changed; an unchanged document comes back as `root` with no sentence."""
     notes = _wrap_bare_imports(root)
     notes += _drop_unbound(root)
-    return _hoist_namespaces(root), notes
+    return _hoist_namespaces(root, content), notes
 
 
 def drop_elements(documents: dict[str, bytes], tags: tuple[str, ...], attribute: str,

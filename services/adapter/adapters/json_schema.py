@@ -15,12 +15,13 @@ import re
 
 from zeep.xsd import AnyObject, ComplexType, Element  # noqa: F401 - re-exported for the walkers
 from zeep.xsd.elements.any import Any, AnyAttribute
-from zeep.xsd.elements.indicators import Choice, Group, OrderIndicator
+from zeep.xsd.elements.indicators import Choice, OrderIndicator
 from zeep.xsd.types.any import AnyType
 from zeep.xsd.types.collection import ListType, UnionType
 
 from libs.safe_schema import UnsupportedPattern, compile_pattern
 from services.adapter.adapters.xsd_facets import FacetIndex, Facets
+from services.adapter.adapters.xsd_structure import choice_rule, options, reachable, structure
 
 __all__ = ["SchemaBuilder", "builtin_name"]
 
@@ -129,7 +130,7 @@ class SchemaBuilder:
                 inner = self._type(body_type, anchor, (), context)
                 schema = {"type": "object", "properties": {body.name: inner}, "additionalProperties": False,
                           "required": [body.name]}
-        used = _reachable(schema, self.defs)
+        used = reachable(schema, self.defs)
         if used:
             schema = {**schema, "$defs": {name: self.defs[name] for name in self.defs if name in used}}
         return schema
@@ -224,7 +225,7 @@ class SchemaBuilder:
     # -- complex content ---------------------------------------------------------------------------
     def _complex_inline(self, xsd_type: ComplexType, anchor: str | None, path: tuple[str, ...],
                         context: str) -> dict:
-        optional, choices = _structure(xsd_type._element)
+        optional, choices = structure(xsd_type._element)
         properties: dict[str, dict] = {}
         required: list[str] = []
         for name, member in xsd_type.elements:
@@ -251,7 +252,7 @@ class SchemaBuilder:
         if doc := self.index.documentation(anchor, path):
             schema["description"] = doc
         if self.mode == "input":
-            rules = [_choice_rule(group, optional_choice) for group, optional_choice in choices]
+            rules = [choice_rule(group, optional_choice) for group, optional_choice in choices]
             if len(rules) == 1:
                 schema.update(rules[0])
             elif rules:
@@ -297,72 +298,5 @@ class SchemaBuilder:
             properties[name], _ = self._member(name, member, anchor, path, context, True)
         item: dict = {"type": "object", "properties": properties, "additionalProperties": False}
         if isinstance(indicator, Choice) and self.mode == "input":
-            item.update(_choice_rule(_options(indicator), False))
+            item.update(choice_rule(options(indicator), False))
         return item
-
-
-def _reachable(schema: dict, defs: dict[str, dict]) -> set[str]:
-    """The names of `defs` that `schema` references, directly or through other definitions (one
-    builder serves every operation of a port, so each schema carries only the definitions it uses)."""
-    found: set[str] = set()
-    pending: list[object] = [schema]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                name = ref[len("#/$defs/"):]
-                if name not in found and name in defs:
-                    found.add(name)
-                    pending.append(defs[name])
-            pending.extend(value for key, value in node.items() if key != "$defs")
-        elif isinstance(node, list):
-            pending.extend(node)
-    return found
-
-
-def _options(choice: Choice) -> list[list[str]]:
-    """The property names of each option of a choice. Leaf members take the name zeep gives them
-    (an xsd:any has none of its own: zeep calls it `_value_N`)."""
-    given = {id(member): name for name, member in choice.elements}
-    options = []
-    for member in choice:
-        if isinstance(member, (OrderIndicator, Group)):
-            options.append([n for n, _ in member.elements])
-        else:
-            name = given.get(id(member)) or getattr(member, "attr_name", None) or getattr(member, "name", None)
-            options.append([name] if name else [])
-    return [o for o in options if o]
-
-
-def _structure(root: object) -> tuple[set[str], list[tuple[list[list[str]], bool]]]:
-    """Names that may be absent (inside a choice or an optional group) and the single choices."""
-    optional: set[str] = set()
-    choices: list[tuple[list[list[str]], bool]] = []
-
-    def walk(node: object, inherited_optional: bool) -> None:
-        if isinstance(node, Group):
-            node = node.child
-        if not isinstance(node, OrderIndicator) or node.accepts_multiple:
-            return
-        is_optional = inherited_optional or node.min_occurs == 0
-        if isinstance(node, Choice):
-            choices.append((_options(node), is_optional))
-            optional.update(n for n, _ in node.elements)
-        elif is_optional:
-            optional.update(n for n, _ in node.elements)
-        for child in node:
-            walk(child, is_optional or isinstance(node, Choice))
-
-    walk(root, False)
-    return optional, choices
-
-
-def _choice_rule(options: list[list[str]], optional: bool) -> dict:
-    """Exactly one option present (or none, for an optional choice)."""
-    branches = [{"anyOf": [{"required": [n]} for n in names]} if len(names) > 1 else {"required": names}
-                for names in options]
-    if optional:
-        every = [n for names in options for n in names]
-        branches.append({"not": {"anyOf": [{"required": [n]} for n in every]}})
-    return {"oneOf": branches}

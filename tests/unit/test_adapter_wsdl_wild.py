@@ -125,3 +125,37 @@ def test_a_wsdl_without_a_service_is_called_at_the_configured_address_through_a_
     assert [t.name for t in catalog.tools] == ["echo.echo"]
     chosen = build_catalog("echo", loaded, revision=1, port="EchoSoap12", address="http://echo.example/soap12")[0]
     assert chosen.port.soap_version == "1.2"
+
+
+async def test_soap_header_parts_are_the_optional_soapheaders_argument_and_reach_the_envelope() -> None:
+    import httpx
+
+    from services.adapter.adapters.soap_call import SoapEndpoint
+
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "wild" / "headers.wsdl")), "session", file_roots=(WSDL,))
+    catalog, binding = build_catalog("session", loaded, revision=1)
+    tool = catalog.tool("Whoami")
+    headers = resolve(tool.input_schema, tool.input_schema["properties"]["_soapheaders"])
+    assert "SessionHeader" in headers["properties"] and "required" not in tool.input_schema  # all optional
+    check_schema(tool.input_schema)
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(200, content=b'<e:Envelope xmlns:e="http://schemas.xmlsoap.org/soap/envelope/"><e:Body>'
+                              b'<WhoamiResponse xmlns="urn:example:session"><user>ada</user></WhoamiResponse>'
+                              b'</e:Body></e:Envelope>', headers={"content-type": "text/xml"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        endpoint = SoapEndpoint(catalog, binding, http=http, limits={}, concurrency=2)
+        result = await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"sessionId": "s-42"}}})
+        assert result == {"user": "ada"}
+        from lxml import etree
+
+        header = etree.fromstring(sent[0]).find("{http://schemas.xmlsoap.org/soap/envelope/}Header")
+        assert header.findtext("{urn:example:session}SessionHeader/{urn:example:session}sessionId") == "s-42"
+        await endpoint.invoke(tool, {"verbose": True})  # no header given: none sent
+        assert b"s-42" not in sent[1]
+        with pytest.raises(ValidationFailed) as err:
+            await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"token": "x"}}})
+        assert err.value.field.startswith("_soapheaders")

@@ -30,7 +30,7 @@ from zeep.xsd.types.complex import ComplexType
 
 from libs.errors import DeadlineExceeded, DomainError, Unavailable, ValidationFailed
 from libs.safe_schema import SafeValidator
-from services.adapter.adapters.soap_values import body_arguments, to_json, xml_to_json
+from services.adapter.adapters.soap_values import body_arguments, header_arguments, to_json, xml_to_json
 from services.adapter.domain.catalog import Catalog, OperationTool
 from services.adapter.domain.errors import BadResponse, from_http_status, from_soap_fault
 
@@ -105,8 +105,12 @@ class SoapEndpoint:
         if error:
             raise error
         operation = self.binding._operations[tool.operation]
+        arguments = dict(arguments)
+        headers_given = arguments.pop("_soapheaders", None)
         try:
             args, kwargs = body_arguments(operation.input.body if operation.input else None, arguments)
+            if headers_given:
+                kwargs["_soapheaders"] = header_arguments(getattr(operation.input, "header", None), headers_given)
             # WS-Security tokens carry a nonce and a timestamp: build the envelope once per attempt.
             envelope, headers = self.binding._create(tool.operation, args, kwargs, client=self._client,
                                                      options={"address": self.address})

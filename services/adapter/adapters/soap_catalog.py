@@ -119,8 +119,7 @@ def _tool(backend_id: str, info: PortInfo, operation, builders: tuple[SchemaBuil
         output_schema = {"type": "object", "properties": {}, "description": "one-way operation: no response"}
     header = getattr(operation.input, "header", None)
     if header is not None and getattr(header.type, "_element", None):
-        names = [name for name, _ in header.type.elements]
-        notes.append(f"{context}: SOAP header parts {', '.join(names)} are not exposed as arguments")
+        input_schema = _with_headers(input_schema, inputs.message(header, f"{context} input header"))
     faults = tuple(sorted(operation.faults)) if getattr(operation, "faults", None) else ()
     name = tool_name(backend_id, operation.name, taken)
     description = describe_operation(operation.name, info.service, inputs.index.operation_docs.get(operation.name, ""),
@@ -128,3 +127,15 @@ def _tool(backend_id: str, info: PortInfo, operation, builders: tuple[SchemaBuil
     return OperationTool(name=name, operation=operation.name, description=description, input_schema=input_schema,
                          output_schema=output_schema, faults=faults, style=operation.style or "document",
                          soap_action=operation.soapaction or "")
+
+
+def _with_headers(input_schema: dict, header_schema: dict) -> dict:
+    """The input schema with the operation's SOAP header parts as the optional `_soapheaders` object
+    (each part optional: a service that needs one says so in its fault)."""
+    defs = header_schema.pop("$defs", {})
+    header_schema.pop("required", None)
+    header_schema["description"] = "SOAP header parts, sent in the envelope's Header (each optional)"
+    schema = {**input_schema, "properties": {**input_schema.get("properties", {}), "_soapheaders": header_schema}}
+    if defs:
+        schema["$defs"] = {**input_schema.get("$defs", {}), **defs}
+    return schema

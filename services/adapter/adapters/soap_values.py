@@ -27,7 +27,7 @@ from zeep.xsd.valueobjects import ArrayValue
 from libs.errors import ValidationFailed
 from services.adapter.adapters.json_schema import _INTEGER_BOUNDS, builtin_name
 
-__all__ = ["body_arguments", "to_json", "xml_to_json"]
+__all__ = ["body_arguments", "header_arguments", "to_json", "xml_to_json"]
 
 _STRINGS = {"string", "normalizedString", "token", "language", "Name", "NCName", "NMTOKEN", "NMTOKENS", "ID",
             "IDREF", "IDREFS", "ENTITY", "ENTITIES", "anyURI", "QName", "NOTATION", "anyType", "anySimpleType"}
@@ -40,6 +40,14 @@ def body_arguments(body, arguments: dict) -> tuple[tuple, dict]:
     if isinstance(body.type, ComplexType) and body.type._array_type is None:
         return (), _complex(body.type, arguments, "")
     return (_value(body.type, arguments.get(body.name), body.name),), {}
+
+
+def header_arguments(header, values: dict) -> dict:
+    """The `_soapheaders` mapping zeep renders into the envelope's Header, from the JSON object of
+    header parts (the input schema's `_soapheaders`)."""
+    if header is None or not isinstance(header.type, ComplexType):
+        raise ValidationFailed("this operation declares no SOAP header", field="_soapheaders")
+    return _complex(header.type, values, "_soapheaders")
 
 
 def _where(path: str, key: str) -> str:

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import httpx
+from redis.exceptions import RedisError
 
 from libs.auth import service_token
 from libs.config import ConfigError
@@ -17,6 +18,7 @@ from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
+from services.tool_gateway.adapters.broadcast import TOOLS_CHANGED, ChangeBus, RedisBroadcast
 from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
 from services.tool_gateway.adapters.federated import FederatedRegistry
 from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
@@ -30,6 +32,7 @@ from services.tool_gateway.adapters.redis_state import (
 from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
 from services.tool_gateway.entrypoints import grpc_api, mcp_server
+from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 from services.tool_gateway.service_layer.upstreams import reconcile
 
@@ -43,7 +46,30 @@ async def bootstrap(ctx: ServiceContext) -> None:
     namespace = settings.namespace
     http = httpx.AsyncClient(follow_redirects=False, limits=httpx.Limits(max_connections=200))
     ctx.closers.append(http.aclose)
-    upstreams = UpstreamManager()
+    # What tools/list shows changed: every replica's MCP clients hear of it (mcp_sessions, subscriptions/listen).
+    changes = ChangeBus(RedisBroadcast(ctx.bus.redis, f"{namespace}.tool_gateway.changes"))
+    cancels = RedisBroadcast(ctx.bus.redis, f"{namespace}.tool_gateway.cancels")
+    in_flight = InFlightCalls()
+    cancels.subscribe(lambda message: in_flight.cancel(str(message.get("key", ""))))
+    ctx.tasks.extend([changes.broadcast.run, cancels.run])
+    seen_upstream_tools: list[object] = [None]
+
+    def upstream_tools_changed() -> None:
+        """Each replica keeps its own upstream connections, so each announces their changes to its own clients."""
+        now = sorted((s.name, s.description, repr(s.input_schema)) for s in upstreams.specs())
+        if now != seen_upstream_tools[0]:
+            seen_upstream_tools[0] = now
+            for event in TOOLS_CHANGED:
+                changes.publish_local(event)
+
+    async def registry_changed() -> None:
+        try:
+            for event in TOOLS_CHANGED:
+                await changes.publish(event)
+        except (*TRANSIENT_ERRORS, RedisError) as exc:  # clients miss one notice; they still list afresh
+            log.warning("tool-list change not announced", error=type(exc).__name__)
+
+    upstreams = UpstreamManager(on_change=upstream_tools_changed)
     ctx.closers.append(upstreams.close)  # stops every upstream process
     if settings.tool_upstreams_file:
         for config in load_upstreams(Path(settings.tool_upstreams_file).read_text()):
@@ -59,7 +85,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
     adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}", adapter_token)
     ctx.closers.append(adapter.aclose)
     ports = CallPorts(
-        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams),
+        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams, on_change=registry_changed),
         limiter=RedisRateLimiter(ctx.bus.redis, namespace),
         breakers=RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
             failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
@@ -78,7 +104,12 @@ async def bootstrap(ctx: ServiceContext) -> None:
     ctx.subscribe(TOOL_EVENTS, project_tool_event)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins,
-                                  experience=experience if settings.tool_list_experience else None)
+                                  experience=experience if settings.tool_list_experience else None,
+                                  changes=changes, cancels=cancels, in_flight=in_flight,
+                                  resource_url=settings.mcp_resource_url,
+                                  authorization_servers=tuple(a.strip() for a in
+                                                              settings.mcp_authorization_servers.split(",")
+                                                              if a.strip()))
 
     async def follow_upstreams() -> None:
         """Upstreams added or removed through any replica reach this one within a poll."""

@@ -4,17 +4,19 @@
     python upstream_server.py http <port>
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
-cancelled, reporting that it was through a marker file), and one with a name too long to expose as is.
+cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
+`grow` (adds a tool, announcing the change), and one with a name too long to expose as is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("upstream-fixture")
@@ -47,6 +49,23 @@ async def slow(marker: str) -> str:
     finally:
         Path(marker).write_text("cancelled")
     return "never"
+
+
+@server.tool()
+async def count(steps: int, ctx: Context) -> dict[str, int]:
+    """Reports progress once per step, then answers."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step} of {steps}")
+    return {"steps": steps}
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> dict[str, str]:
+    """Adds a tool named `name` (it answers its own name) and announces the changed tool list."""
+    server.add_tool(lambda: {"name": name}, name=name, description=f"Added at run time: {name}.")
+    with contextlib.suppress(Exception):  # the 2026-07-28 revision has no unsolicited notification
+        await ctx.session.send_tool_list_changed()
+    return {"added": name}
 
 
 @server.tool(name="a_tool_whose_name_is_much_too_long_to_be_exposed_under_a_prefix_as_it_is")

@@ -28,6 +28,7 @@ from libs.logs import get_logger
 from services.tool_gateway.domain import BackendFailed, ToolSpec
 from services.tool_gateway.domain.naming import exposed_name
 from services.tool_gateway.domain.upstream import UpstreamConfig, UpstreamStatus, load_upstreams
+from services.tool_gateway.service_layer.call_context import progress_reporter
 
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
@@ -199,7 +200,11 @@ class UpstreamManager:
             raise Unavailable(f"the upstream {upstream!r} is down ({self.status[upstream].reason or 'connecting'})",
                               hint="retry with backoff; the gateway is reconnecting it")
         try:
-            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+            # Progress the upstream reports is relayed to the caller (when it asked for it); a call
+            # cancelled here (the caller went away) makes the SDK client send the upstream
+            # `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
+            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                 progress_callback=progress_reporter())
         except MCPError as exc:
             raise BackendFailed(f"the upstream refused the call: {exc.error.message[:200]}",
                                 hint="check the arguments against the tool's schema") from None

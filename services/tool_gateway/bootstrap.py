@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import httpx
 from redis.exceptions import RedisError
 
-from libs.auth import service_token
+from libs.auth import Principal, service_token
 from libs.config import ConfigError
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
@@ -31,7 +32,7 @@ from services.tool_gateway.adapters.redis_state import (
 )
 from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
-from services.tool_gateway.entrypoints import grpc_api, mcp_server
+from services.tool_gateway.entrypoints import grpc_api, mcp_server, mcp_stdio
 from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 from services.tool_gateway.service_layer.upstreams import reconcile
@@ -41,7 +42,9 @@ NAME = "tool-gateway"
 MIGRATIONS = "services.tool_gateway"
 
 
-async def bootstrap(ctx: ServiceContext) -> None:
+async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = None) -> None:
+    """Wire the gateway; with `stdio_principal`, its MCP server answers on stdin/stdout for that one caller
+    (`mnemesh tools serve-stdio`) instead of on HTTP, and the process stops when stdin closes."""
     settings = ctx.settings
     namespace = settings.namespace
     http = httpx.AsyncClient(follow_redirects=False, limits=httpx.Limits(max_connections=200))
@@ -101,6 +104,11 @@ async def bootstrap(ctx: ServiceContext) -> None:
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
+    if stdio_principal is not None:
+        ctx.tasks.append(functools.partial(
+            mcp_stdio.serve, mcp_server.build_server(
+                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes)))
+        return  # the HTTP replicas project the tool events; the upstreams are the config file's
     ctx.subscribe(TOOL_EVENTS, project_tool_event)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins,

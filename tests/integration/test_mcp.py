@@ -270,7 +270,7 @@ async def test_a_get_stream_or_delete_needs_the_session_id_initialize_answered(g
         init = await http.post(gateway.url, json=INIT, headers=with_token(token))
         session = init.headers["mcp-session-id"]
         stream = await http.get(gateway.url, headers={**with_token(token), "Accept": "text/event-stream"})
-        plain_get = await http.get(gateway.url, headers=with_token(token))
+        plain_get = await http.get(gateway.url, headers={**with_token(token), "Accept": "application/json"})
         delete = await http.delete(gateway.url, headers=with_token(token))
         ended = await http.delete(gateway.url, headers={**with_token(token), "Mcp-Session-Id": session})
         anonymous = await http.get(gateway.url)

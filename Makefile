@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 CREATED := $(VENV)/.created
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench clean
+.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench conformance clean
 
 help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
@@ -66,6 +66,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter && $(BIN)/mnemesh bench search && $(BIN)/mnemesh bench tools && $(BIN)/mnemesh bench sessions'
+
+# The official MCP conformance suite (npm) against the tool-gateway in front of its fixture server.
+conformance: setup
+	$(BIN)/python scripts/test_infra.py -- $(BIN)/python scripts/conformance.py
 
 clean:
 	rm -rf $(VENV) .mnemesh .pytest_cache

@@ -59,7 +59,8 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
 
     def upstream_tools_changed() -> None:
         """Each replica keeps its own upstream connections, so each announces their changes to its own clients."""
-        now = sorted((s.name, s.description, repr(s.input_schema)) for s in upstreams.specs())
+        now = (sorted((s.name, s.description, repr(s.input_schema)) for s in upstreams.specs()),
+               [(name, catalog) for name, catalog, _ in upstreams.catalogs()])
         if now != seen_upstream_tools[0]:
             seen_upstream_tools[0] = now
             for event in TOOLS_CHANGED:
@@ -107,13 +108,14 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     if stdio_principal is not None:
         ctx.tasks.append(functools.partial(
             mcp_stdio.serve, mcp_server.build_server(
-                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes)))
+                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
+                upstreams=upstreams)))
         return  # the HTTP replicas project the tool events; the upstreams are the config file's
     ctx.subscribe(TOOL_EVENTS, project_tool_event)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins,
                                   experience=experience if settings.tool_list_experience else None,
-                                  changes=changes, cancels=cancels, in_flight=in_flight,
+                                  changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
                                   resource_url=settings.mcp_resource_url,
                                   authorization_servers=tuple(a.strip() for a in
                                                               settings.mcp_authorization_servers.split(",")

@@ -6,6 +6,7 @@ tool-list changes pushed to connected clients, and the OAuth protected-resource 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import anyio
@@ -17,6 +18,7 @@ from test_gateway_upstreams import federating, http_upstream, listed  # noqa: F4
 from test_mcp import MODES, Gateway, gateway, mcp_client, register  # noqa: F401 - fixtures
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel
@@ -150,3 +152,27 @@ async def test_the_endpoint_publishes_its_protected_resource_metadata_and_names_
         assert {"tools:read", "tools:call"} <= set(body["scopes_supported"])
         assert body["bearer_methods_supported"] == ["header"]
     assert scoped.status_code == 403 and f'resource_metadata="{url}"' in scoped.headers["www-authenticate"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_upstream_resources_templates_and_prompts_are_federated(federating: Gateway, mode: str) -> None:  # noqa: F811
+    await listed(federating, {"local.echo", "rm.echo"})
+    async with mcp_client(federating, federating.token("tools:*"), mode) as client:
+        with anyio.fail_after(30):  # both upstreams' catalogs are listed once they are up
+            while {p.name for p in (await client.list_prompts()).prompts} < {"local.greet", "rm.greet"}:
+                await anyio.sleep(0.1)
+        resources = {str(r.uri) for r in (await client.list_resources()).resources}
+        templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+        motd = await client.read_resource("fixture://motd")
+        item = await client.read_resource("fixture://items/42")
+        prompt = await client.get_prompt("rm.greet", {"name": "Ada"})
+        tool_prompt = await client.get_prompt("rm.echo", {"task": "say hi"})  # the gateway's own, per tool
+        with pytest.raises(MCPError) as missing:
+            await client.read_resource("fixture://nothing-here")
+    assert "fixture://motd" in resources and "mem://tool/rm.echo/guide" in resources
+    assert {"fixture://items/{item_id}", "mem://step/{call_id}"} <= templates
+    assert motd.contents[0].text == "Federated, and still itself."
+    assert json.loads(item.contents[0].text) == {"item": "42"}
+    assert prompt.messages[0].content.text == "Say hello to Ada."
+    assert "say hi" in tool_prompt.messages[0].content.text
+    assert missing.value.data["error_type"] == "not_found"

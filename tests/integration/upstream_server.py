@@ -5,12 +5,14 @@
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
-`grow` (adds a tool, announcing the change), and one with a name too long to expose as is.
+`grow` (adds a tool, announcing the change), and one with a name too long to expose as is; the resource
+`fixture://motd`, the template `fixture://items/{item_id}` and the prompt `greet`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -72,6 +74,21 @@ async def grow(name: str, ctx: Context) -> dict[str, str]:
 def long_name() -> dict[str, bool]:
     """A tool with a long name."""
     return {"ok": True}
+
+
+@server.resource("fixture://motd", name="motd", description="The message of the day.", mime_type="text/plain")
+def motd() -> str:
+    return "Federated, and still itself."
+
+
+@server.resource("fixture://items/{item_id}", name="item", description="One item.", mime_type="application/json")
+def item(item_id: str) -> str:
+    return json.dumps({"item": item_id})
+
+
+@server.prompt(description="Greets someone.")
+def greet(name: str) -> str:
+    return f"Say hello to {name}."
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
-from services.tool_gateway.entrypoints.mcp_guides import guide_handlers
+from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
 from services.tool_gateway.entrypoints.mcp_sessions import (
     SESSION_HEADER,
@@ -150,7 +150,7 @@ def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str |
 
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
                  experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
-                 changes: SubscriptionBus | None = None) -> Server:
+                 changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None) -> Server:
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
     `experience_store`: when given, tools/list appends each tool's experience note to its description;
     `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
@@ -205,7 +205,7 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
         on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
         on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
-        **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal)))
+        **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
     return server
 
@@ -222,7 +222,7 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
              allowed_origins: str = "", experience: ExperienceStore | None = None,
              changes: SubscriptionBus | None = None, cancels: CancelPublisher | None = None,
              in_flight: InFlightCalls | None = None, resource_url: str = "",
-             authorization_servers: tuple[str, ...] = ()) -> ASGIApp:
+             authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None) -> ASGIApp:
     """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks,
     stateless sessions (cancellation, the GET stream), then the SDK.
 
@@ -232,7 +232,8 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     the loopback origins or `allowed_origins`.
     """
     in_flight = in_flight or InFlightCalls()
-    server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes)
+    server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes,
+                          upstreams=upstreams)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])

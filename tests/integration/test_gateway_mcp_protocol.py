@@ -13,7 +13,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from test_gateway_upstreams import federating, http_upstream, listed  # noqa: F401 - fixtures
 from test_mcp import MODES, Gateway, gateway, mcp_client, register  # noqa: F401 - fixtures
 from mcp import Client
@@ -176,3 +176,20 @@ async def test_upstream_resources_templates_and_prompts_are_federated(federating
     assert prompt.messages[0].content.text == "Say hello to Ada."
     assert "say hi" in tool_prompt.messages[0].content.text
     assert missing.value.data["error_type"] == "not_found"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_upstream_s_image_reaches_the_mcp_client_as_an_image_and_grpc_callers_as_json(
+    federating: Gateway, mode: str  # noqa: F811
+) -> None:
+    await listed(federating, {"rm.picture"})
+    async with mcp_client(federating, federating.token("tools:*"), mode) as client:
+        result = await client.call_tool("rm.picture", {})
+    assert not result.is_error
+    assert [block.type for block in result.content] == ["text", "image"]
+    assert (result.content[1].mime_type, result.content[1].data[:8]) == ("image/png", "iVBORw0K")
+    async with channel(federating.grpc, federating.token("tools:*")) as ch:
+        reply = await tools_pb2_grpc.ToolGatewayStub(ch).CallTool(tools_pb2.CallToolRequest(name="rm.picture"),
+                                                                  timeout=30)
+    blocks = json_format.MessageToDict(reply.result)["content"]
+    assert [b["type"] for b in blocks] == ["text", "image"] and blocks[1]["mimeType"] == "image/png"

@@ -5,7 +5,7 @@
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
-`grow` (adds a tool, announcing the change), and one with a name too long to expose as is; the resource
+`grow` (adds a tool, announcing the change), `picture` (text and an image), and one with a name too long to expose as is; the resource
 `fixture://motd`, the template `fixture://items/{item_id}` and the prompt `greet`.
 """
 
@@ -18,10 +18,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("upstream-fixture")
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
 
 
 @server.tool(structured_output=True)
@@ -74,6 +76,12 @@ async def grow(name: str, ctx: Context) -> dict[str, str]:
 def long_name() -> dict[str, bool]:
     """A tool with a long name."""
     return {"ok": True}
+
+
+@server.tool()
+def picture() -> list[types.ContentBlock]:
+    """A caption and a 1x1 PNG."""
+    return [types.TextContent(text="a red dot"), types.ImageContent(data=PNG, mime_type="image/png")]
 
 
 @server.resource("fixture://motd", name="motd", description="The message of the day.", mime_type="text/plain")

@@ -27,6 +27,7 @@ from libs.errors import NotFound, Unavailable
 from libs.logs import get_logger
 from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
 from services.tool_gateway.domain import BackendFailed, ToolSpec
+from services.tool_gateway.domain.content import MEDIA_KEY
 from services.tool_gateway.domain.naming import exposed_name
 from services.tool_gateway.domain.upstream import UpstreamConfig, UpstreamStatus, load_upstreams
 from services.tool_gateway.service_layer.call_context import progress_reporter
@@ -255,6 +256,11 @@ def _result(result: types.CallToolResult) -> dict[str, Any]:
                             hint="read the reason; fix the arguments or retry later")
     if result.structured_content is not None:
         return dict(result.structured_content)
+    if any(not isinstance(block, types.TextContent) for block in result.content):
+        # Media and embedded resources travel as the blocks themselves (MEDIA_KEY); the MCP entry point
+        # answers them as blocks again, gRPC callers get them as JSON.
+        return {MEDIA_KEY: [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                            for block in result.content]}
     if len(texts) == 1:
         with contextlib.suppress(ValueError):
             value = json.loads(texts[0])

@@ -31,12 +31,14 @@ from mcp.server.subscriptions import ListenHandler, SubscriptionBus
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from pydantic import TypeAdapter
 from starlette.types import ASGIApp
 
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec
+from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
@@ -62,6 +64,7 @@ PATH = "/mcp"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 
+_CONTENT = TypeAdapter(list[types.ContentBlock])
 INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed call answers isError with a "
                 "structured error {error_type, field, reason, retryable, hint}: retry only when retryable is "
                 "true, fix the named field otherwise, and never invent a result.")
@@ -96,6 +99,9 @@ def outcome_result(outcome: CallOutcome, spec_has_output_schema: bool) -> types.
                       "hint": f"read the whole result as the resource {outcome.resource_uri}"}
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail)), content[1]],
                                         structured_content=detail, is_error=True)
+    blocks = media_blocks(result.value) if not outcome.resource_uri else None
+    if blocks is not None:  # an upstream's images, audio or embedded resources: answered as themselves
+        return types.CallToolResult(content=_CONTENT.validate_python(blocks), is_error=False)
     return types.CallToolResult(content=content, structured_content=result.value, is_error=False)
 
 

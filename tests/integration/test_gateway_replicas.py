@@ -1,7 +1,8 @@
 """Two real gateway processes (`mnemesh serve tool-gateway`) behind one address: every HTTP request of
 one official-SDK client session goes to the next process in turn (a round-robin transport, as a load
 balancer without sticky sessions would), and the session never hears "session not found": calls,
-progress, a cancellation sent to the other process than the call, and tool-list notices all work."""
+progress, a cancellation sent to the other process than the call (2025 era), and tool-list notices
+all work."""
 
 from __future__ import annotations
 
@@ -33,15 +34,32 @@ pytestmark = pytest.mark.integration
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):
-    """Sends each request to the next backend port in turn and counts what each one answered."""
+    """Sends each request to the next backend port in turn and counts what each one answered; a 2025
+    `notifications/cancelled` goes to the other process than the call it cancels, on purpose."""
 
     def __init__(self, ports: list[int]) -> None:
         self.ports, self.next, self.inner = ports, 0, httpx2.AsyncHTTPTransport()
         self.served: Counter[tuple[int, str, int]] = Counter()
+        self.calls: dict[object, int] = {}  # tools/call request id -> the port that got it
+        self.cancels: list[tuple[int, int]] = []  # (port of the call, port of its cancellation)
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    def _port(self, request: httpx2.Request) -> int:
         port = self.ports[self.next % len(self.ports)]
         self.next += 1
+        try:
+            message = json.loads(request.content) if request.method == "POST" else {}
+        except ValueError:
+            return port
+        if message.get("method") == "tools/call":
+            self.calls[message.get("id")] = port
+        elif message.get("method") == "notifications/cancelled":
+            called = self.calls.get(message["params"]["requestId"])
+            port = next(p for p in self.ports if p != called)
+            self.cancels.append((called, port))
+        return port
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        port = self._port(request)
         request.url = request.url.copy_with(port=port)
         response = await self.inner.handle_async_request(request)
         self.served[(port, request.method, response.status_code)] += 1
@@ -131,3 +149,5 @@ async def test_one_client_session_is_served_by_two_gateway_processes_in_turn(
     statuses = Counter(status for (_, _, status) in balancer.served.elements())
     assert 404 not in statuses and all(s < 400 for s in statuses), balancer.served
     assert {port for (port, method, _) in balancer.served if method == "POST"} == set(ports)
+    if mode == "legacy":  # the cancellation crossed from one process to the other (Redis pub/sub)
+        assert len(balancer.cancels) == 1 and balancer.cancels[0][0] != balancer.cancels[0][1]

@@ -50,8 +50,9 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     http = httpx.AsyncClient(follow_redirects=False, limits=httpx.Limits(max_connections=200))
     ctx.closers.append(http.aclose)
     # What tools/list shows changed: every replica's MCP clients hear of it (mcp_sessions, subscriptions/listen).
-    changes = ChangeBus(RedisBroadcast(ctx.bus.redis, f"{namespace}.tool_gateway.changes"))
-    cancels = RedisBroadcast(ctx.bus.redis, f"{namespace}.tool_gateway.cancels")
+    channel = f"{namespace}.tool-gateway." if namespace else "tool-gateway."
+    changes = ChangeBus(RedisBroadcast(ctx.bus.redis, f"{channel}changes"))
+    cancels = RedisBroadcast(ctx.bus.redis, f"{channel}cancels")
     in_flight = InFlightCalls()
     cancels.subscribe(lambda message: in_flight.cancel(str(message.get("key", ""))))
     ctx.tasks.extend([changes.broadcast.run, cancels.run])

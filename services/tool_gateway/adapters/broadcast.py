@@ -74,6 +74,11 @@ class RedisBroadcast:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
                 log.warning("broadcast channel lost; resubscribing", channel=self.channel, error=type(exc).__name__)
                 await asyncio.sleep(self.retry_seconds)
+            except redis.exceptions.ResponseError as exc:  # e.g. an ACL without this channel: say so, keep serving
+                log.error("broadcast channel refused; replicas will not hear each other's changes and cancellations",
+                          channel=self.channel, error=str(exc)[:200],
+                          hint="allow PUBLISH and SUBSCRIBE on the channel (infra/redis/users.acl)")
+                await asyncio.sleep(max(self.retry_seconds, 30.0))
 
 
 def _encode(event: ServerEvent) -> dict[str, Any]:

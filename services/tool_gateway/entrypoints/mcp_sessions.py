@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from libs.auth import Principal
 from libs.logs import get_logger
+from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["SESSION_HEADER", "CancelPublisher", "InFlightCalls", "StatelessSessions", "cancel_key"]
 
@@ -153,7 +154,10 @@ class StatelessSessions:
             log.info("call cancelled", request_id=params["requestId"])
             return
         if self.cancels is not None:
-            await self.cancels.publish({"key": key})
+            try:
+                await self.cancels.publish({"key": key})
+            except TRANSIENT_ERRORS as exc:  # a notification has nobody to answer: log, and the call runs on
+                log.warning("cancellation not broadcast", error=type(exc).__name__)
 
     async def _stream(self, session: str, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.changes is not None

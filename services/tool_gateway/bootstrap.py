@@ -106,21 +106,6 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
-    if stdio_principal is not None:
-        ctx.tasks.append(functools.partial(
-            mcp_stdio.serve, mcp_server.build_server(
-                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
-                upstreams=upstreams)))
-        return  # the HTTP replicas project the tool events; the upstreams are the config file's
-    ctx.subscribe(TOOL_EVENTS, project_tool_event)
-    mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
-                                  allowed_origins=settings.mcp_allowed_origins,
-                                  experience=experience if settings.tool_list_experience else None,
-                                  changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
-                                  resource_url=settings.mcp_resource_url,
-                                  authorization_servers=tuple(a.strip() for a in
-                                                              settings.mcp_authorization_servers.split(",")
-                                                              if a.strip()))
 
     async def follow_upstreams() -> None:
         """Upstreams added or removed through any replica reach this one within a poll."""
@@ -132,6 +117,21 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
             await asyncio.sleep(settings.tool_upstream_poll_seconds)
 
     ctx.tasks.append(follow_upstreams)
+    if stdio_principal is not None:
+        ctx.tasks.append(functools.partial(
+            mcp_stdio.serve, mcp_server.build_server(
+                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
+                upstreams=upstreams), changes))
+        return  # the HTTP replicas project the tool events
+    ctx.subscribe(TOOL_EVENTS, project_tool_event)
+    mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
+                                  allowed_origins=settings.mcp_allowed_origins,
+                                  experience=experience if settings.tool_list_experience else None,
+                                  changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
+                                  resource_url=settings.mcp_resource_url,
+                                  authorization_servers=tuple(a.strip() for a in
+                                                              settings.mcp_authorization_servers.split(",")
+                                                              if a.strip()))
 
     async def serve_mcp() -> None:
         await serve_asgi(mcp_app, host=settings.host, port=settings.mcp_http_port,

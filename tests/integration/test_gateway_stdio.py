@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import anyio
+import mcp_types as types
 import pytest
 from test_gateway_upstreams import federating, http_upstream, listed  # noqa: F401 - fixtures
-from test_mcp import MODES, Gateway, gateway  # noqa: F401 - fixtures
+from test_mcp import MODES, Gateway, gateway, register  # noqa: F401 - fixtures
 from mcp import Client, StdioServerParameters
 
 from libs.config import Settings
@@ -73,3 +74,28 @@ async def test_serve_stdio_without_a_valid_token_exits_2_saying_why(
                                    env=settings_env(gateway.settings, MNEMESH_TOKEN=token), stdin=subprocess.DEVNULL)
     assert done.returncode == 2
     assert reason in done.stderr.decode() and done.stdout == b""
+
+
+async def test_a_2025_stdio_client_hears_tool_list_changes_made_through_another_replica(
+    federating: Gateway  # noqa: F811
+) -> None:
+    changed = [anyio.Event()]
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed[0].set()
+
+    params = stdio_params(federating, federating.token("tools:read", "tools:call"))
+    async with Client(params, mode="legacy", message_handler=on_message) as client:
+        assert client.server_capabilities.tools.list_changed is True
+        with anyio.fail_after(60):  # its own upstreams connect first (a change it announces itself)
+            while not {"local.echo", "rm.echo"} <= {t.name for t in (await client.list_tools()).tools}:
+                await anyio.sleep(0.2)
+        changed[0] = anyio.Event()
+        for attempt in range(30):  # the stdio replica subscribes to the change channel as it starts
+            await register(federating, f"crm.seen_over_stdio_{attempt}")  # through the HTTP replica's gRPC
+            with anyio.move_on_after(1):
+                await changed[0].wait()
+                break
+        assert changed[0].is_set()
+        assert "crm.seen_over_stdio_0" in {t.name for t in (await client.list_tools()).tools}

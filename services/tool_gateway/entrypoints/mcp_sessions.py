@@ -36,12 +36,13 @@ from libs.auth import Principal
 from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 
-__all__ = ["SESSION_HEADER", "CancelPublisher", "InFlightCalls", "StatelessSessions", "cancel_key"]
+__all__ = ["NOTICE_METHODS", "SESSION_HEADER", "CancelPublisher", "ChangeFeed", "InFlightCalls", "StatelessSessions",
+           "cancel_key"]
 
 log = get_logger(__name__)
 SESSION_HEADER = "mcp-session-id"
 PING_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle GET stream
-_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_changed",
+NOTICE_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_changed",
                              PromptsListChanged: "notifications/prompts/list_changed",
                              ResourcesListChanged: "notifications/resources/list_changed"}
 
@@ -167,7 +168,7 @@ class StatelessSessions:
 
         def deliver(event: ServerEvent) -> None:
             # Change events are level triggers: a burst collapses to one notification of each kind.
-            method = _METHODS.get(type(event))
+            method = NOTICE_METHODS.get(type(event))
             if method is not None:
                 events.add(method)
                 wake[0].set()

@@ -17,6 +17,7 @@ help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
 	@echo "make test   - run every test (unit, integration, e2e)"
 	@echo "make bench  - run the benchmarks against their baselines"
+	@echo "make conformance - the official MCP conformance suite against the tool-gateway (needs npm)"
 	@echo "make proto  - regenerate libs/protogen from proto/"
 	@echo "make lint   - static checks (ruff)"
 	@echo "make clean  - remove the virtualenv and the data folder"

@@ -11,12 +11,13 @@ BIN    := $(VENV)/bin
 CREATED := $(VENV)/.created
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench clean
+.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench conformance clean
 
 help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
 	@echo "make test   - run every test (unit, integration, e2e)"
 	@echo "make bench  - run the benchmarks against their baselines"
+	@echo "make conformance - the official MCP conformance suite against the tool-gateway (needs npm)"
 	@echo "make proto  - regenerate libs/protogen from proto/"
 	@echo "make lint   - static checks (ruff)"
 	@echo "make clean  - remove the virtualenv and the data folder"
@@ -66,6 +67,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python scripts/test_infra.py -- sh -c '$(BIN)/mnemesh bench eventstore && $(BIN)/mnemesh bench bus && $(BIN)/mnemesh bench adapter && $(BIN)/mnemesh bench search && $(BIN)/mnemesh bench tools && $(BIN)/mnemesh bench sessions'
+
+# The official MCP conformance suite (npm) against the tool-gateway in front of its fixture server.
+conformance: setup
+	$(BIN)/python scripts/test_infra.py -- $(BIN)/python scripts/conformance.py
 
 clean:
 	rm -rf $(VENV) .mnemesh .pytest_cache

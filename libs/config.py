@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     # "tool-gateway:*,mcp.example.com"; the Origin headers browsers may send from those hosts.
     mcp_allowed_hosts: str = ""
     mcp_allowed_origins: str = ""
+    # OAuth protected-resource metadata (RFC 9728) of the MCP endpoint: the URL clients reach it at
+    # (default: the request's own scheme and Host) and the authorization servers that issue its tokens
+    # (comma-separated issuer URLs).
+    mcp_resource_url: str = ""
+    mcp_authorization_servers: str = ""
     # The tool-gateway's call pipeline: token buckets shared in Redis (calls per second, burst twice
     # that), circuit breakers shared in Redis, results above the cap stored and linked (mem://step/<id>).
     tool_rate_per_caller: float = Field(50.0, gt=0, description="calls/s one caller may make (all tools)")

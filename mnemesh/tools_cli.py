@@ -98,3 +98,7 @@ def add_tools_commands(tools, settings_of, run, identity) -> None:
     p = parser(upstream, "remove", "remove an upstream added at run time", rpc(
         "RemoveUpstream", lambda ns: tools_pb2.RemoveUpstreamRequest(name=ns.name), lambda r: ["removed"]))
     p.add_argument("name")
+
+    from mnemesh.tools_stdio import add_serve_stdio
+
+    add_serve_stdio(tools, settings_of)

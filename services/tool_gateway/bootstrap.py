@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import httpx
+from redis.exceptions import RedisError
 
-from libs.auth import service_token
+from libs.auth import Principal, service_token
 from libs.config import ConfigError
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
@@ -17,6 +19,7 @@ from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
+from services.tool_gateway.adapters.broadcast import TOOLS_CHANGED, ChangeBus, RedisBroadcast
 from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
 from services.tool_gateway.adapters.federated import FederatedRegistry
 from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
@@ -29,7 +32,8 @@ from services.tool_gateway.adapters.redis_state import (
 )
 from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
-from services.tool_gateway.entrypoints import grpc_api, mcp_server
+from services.tool_gateway.entrypoints import grpc_api, mcp_server, mcp_stdio
+from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 from services.tool_gateway.service_layer.upstreams import reconcile
 
@@ -38,12 +42,39 @@ NAME = "tool-gateway"
 MIGRATIONS = "services.tool_gateway"
 
 
-async def bootstrap(ctx: ServiceContext) -> None:
+async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = None) -> None:
+    """Wire the gateway; with `stdio_principal`, its MCP server answers on stdin/stdout for that one caller
+    (`mnemesh tools serve-stdio`) instead of on HTTP, and the process stops when stdin closes."""
     settings = ctx.settings
     namespace = settings.namespace
     http = httpx.AsyncClient(follow_redirects=False, limits=httpx.Limits(max_connections=200))
     ctx.closers.append(http.aclose)
-    upstreams = UpstreamManager()
+    # What tools/list shows changed: every replica's MCP clients hear of it (mcp_sessions, subscriptions/listen).
+    channel = f"{namespace}.tool-gateway." if namespace else "tool-gateway."
+    changes = ChangeBus(RedisBroadcast(ctx.bus.redis, f"{channel}changes"))
+    cancels = RedisBroadcast(ctx.bus.redis, f"{channel}cancels")
+    in_flight = InFlightCalls()
+    cancels.subscribe(lambda message: in_flight.cancel(str(message.get("key", ""))))
+    ctx.tasks.extend([changes.broadcast.run, cancels.run])
+    seen_upstream_tools: list[object] = [None]
+
+    def upstream_tools_changed() -> None:
+        """Each replica keeps its own upstream connections, so each announces their changes to its own clients."""
+        now = (sorted((s.name, s.description, repr(s.input_schema)) for s in upstreams.specs()),
+               [(name, catalog) for name, catalog, _ in upstreams.catalogs()])
+        if now != seen_upstream_tools[0]:
+            seen_upstream_tools[0] = now
+            for event in TOOLS_CHANGED:
+                changes.publish_local(event)
+
+    async def registry_changed() -> None:
+        try:
+            for event in TOOLS_CHANGED:
+                await changes.publish(event)
+        except (*TRANSIENT_ERRORS, RedisError) as exc:  # clients miss one notice; they still list afresh
+            log.warning("tool-list change not announced", error=type(exc).__name__)
+
+    upstreams = UpstreamManager(on_change=upstream_tools_changed)
     ctx.closers.append(upstreams.close)  # stops every upstream process
     if settings.tool_upstreams_file:
         for config in load_upstreams(Path(settings.tool_upstreams_file).read_text()):
@@ -59,7 +90,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
     adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}", adapter_token)
     ctx.closers.append(adapter.aclose)
     ports = CallPorts(
-        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams),
+        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams, on_change=registry_changed),
         limiter=RedisRateLimiter(ctx.bus.redis, namespace),
         breakers=RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
             failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
@@ -75,10 +106,6 @@ async def bootstrap(ctx: ServiceContext) -> None:
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
-    ctx.subscribe(TOOL_EVENTS, project_tool_event)
-    mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
-                                  allowed_origins=settings.mcp_allowed_origins,
-                                  experience=experience if settings.tool_list_experience else None)
 
     async def follow_upstreams() -> None:
         """Upstreams added or removed through any replica reach this one within a poll."""
@@ -90,6 +117,21 @@ async def bootstrap(ctx: ServiceContext) -> None:
             await asyncio.sleep(settings.tool_upstream_poll_seconds)
 
     ctx.tasks.append(follow_upstreams)
+    if stdio_principal is not None:
+        ctx.tasks.append(functools.partial(
+            mcp_stdio.serve, mcp_server.build_server(
+                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
+                upstreams=upstreams), changes))
+        return  # the HTTP replicas project the tool events
+    ctx.subscribe(TOOL_EVENTS, project_tool_event)
+    mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
+                                  allowed_origins=settings.mcp_allowed_origins,
+                                  experience=experience if settings.tool_list_experience else None,
+                                  changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
+                                  resource_url=settings.mcp_resource_url,
+                                  authorization_servers=tuple(a.strip() for a in
+                                                              settings.mcp_authorization_servers.split(",")
+                                                              if a.strip()))
 
     async def serve_mcp() -> None:
         await serve_asgi(mcp_app, host=settings.host, port=settings.mcp_http_port,

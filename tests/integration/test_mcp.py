@@ -220,7 +220,7 @@ async def test_without_a_token_the_endpoint_answers_401_naming_the_problem(gatew
     async with httpx2.AsyncClient(timeout=5) as http:
         reply = await http.post(gateway.url, json=INIT, headers=HEADERS)
     assert reply.status_code == 401
-    assert reply.headers["www-authenticate"] == "Bearer"
+    assert reply.headers["www-authenticate"].startswith("Bearer resource_metadata=")  # RFC 9728
     detail = reply.json()["error"]["data"]
     assert (detail["error_type"], detail["field"], detail["reason"]) == \
         ("unauthenticated", "authorization", "no bearer token")
@@ -264,14 +264,20 @@ async def test_a_token_with_tools_read_only_lists_but_its_calls_are_refused(gate
     assert "tools:call" in result.structured_content["reason"]
 
 
-async def test_only_post_reaches_the_endpoint_so_no_idle_stream_can_be_held_open(gateway: Gateway) -> None:
+async def test_a_get_stream_or_delete_needs_the_session_id_initialize_answered(gateway: Gateway) -> None:
     token = gateway.token("tools:read")
     async with httpx2.AsyncClient(timeout=5) as http:
+        init = await http.post(gateway.url, json=INIT, headers=with_token(token))
+        session = init.headers["mcp-session-id"]
         stream = await http.get(gateway.url, headers={**with_token(token), "Accept": "text/event-stream"})
+        plain_get = await http.get(gateway.url, headers={**with_token(token), "Accept": "application/json"})
         delete = await http.delete(gateway.url, headers=with_token(token))
+        ended = await http.delete(gateway.url, headers={**with_token(token), "Mcp-Session-Id": session})
         anonymous = await http.get(gateway.url)
-    assert (stream.status_code, stream.headers["allow"]) == (405, "POST")
-    assert delete.status_code == 405
+    assert len(session) == 32 and init.status_code == 200
+    assert stream.status_code == 400 and "Mcp-Session-Id" in stream.text
+    assert (plain_get.status_code, delete.status_code) == (405, 405)
+    assert ended.status_code == 204  # nothing is kept for a session, so nothing to drop
     assert anonymous.status_code == 401  # authentication still comes first
 
 

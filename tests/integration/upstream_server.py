@@ -4,20 +4,26 @@
     python upstream_server.py http <port>
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
-cancelled, reporting that it was through a marker file), and one with a name too long to expose as is.
+cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
+`grow` (adds a tool, announcing the change), `picture` (text and an image), and one with a name too long to expose as is; the resource
+`fixture://motd`, the template `fixture://items/{item_id}` and the prompt `greet`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 from pathlib import Path
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+import mcp_types as types
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("upstream-fixture")
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
 
 
 @server.tool(structured_output=True)
@@ -49,10 +55,48 @@ async def slow(marker: str) -> str:
     return "never"
 
 
+@server.tool()
+async def count(steps: int, ctx: Context) -> dict[str, int]:
+    """Reports progress once per step, then answers."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step} of {steps}")
+    return {"steps": steps}
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> dict[str, str]:
+    """Adds a tool named `name` (it answers its own name) and announces the changed tool list."""
+    server.add_tool(lambda: {"name": name}, name=name, description=f"Added at run time: {name}.")
+    with contextlib.suppress(Exception):  # the 2026-07-28 revision has no unsolicited notification
+        await ctx.session.send_tool_list_changed()
+    return {"added": name}
+
+
 @server.tool(name="a_tool_whose_name_is_much_too_long_to_be_exposed_under_a_prefix_as_it_is")
 def long_name() -> dict[str, bool]:
     """A tool with a long name."""
     return {"ok": True}
+
+
+@server.tool()
+def picture() -> list[types.ContentBlock]:
+    """A caption and a 1x1 PNG."""
+    return [types.TextContent(text="a red dot"), types.ImageContent(data=PNG, mime_type="image/png")]
+
+
+@server.resource("fixture://motd", name="motd", description="The message of the day.", mime_type="text/plain")
+def motd() -> str:
+    return "Federated, and still itself."
+
+
+@server.resource("fixture://items/{item_id}", name="item", description="One item.", mime_type="application/json")
+def item(item_id: str) -> str:
+    return json.dumps({"item": item_id})
+
+
+@server.prompt(description="Greets someone.")
+def greet(name: str) -> str:
+    return f"Say hello to {name}."
 
 
 if __name__ == "__main__":

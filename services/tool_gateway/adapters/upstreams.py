@@ -25,9 +25,12 @@ from mcp.shared.exceptions import MCPError
 
 from libs.errors import NotFound, Unavailable
 from libs.logs import get_logger
+from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
 from services.tool_gateway.domain import BackendFailed, ToolSpec
+from services.tool_gateway.domain.content import MEDIA_KEY
 from services.tool_gateway.domain.naming import exposed_name
 from services.tool_gateway.domain.upstream import UpstreamConfig, UpstreamStatus, load_upstreams
+from services.tool_gateway.service_layer.call_context import progress_reporter
 
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
@@ -41,6 +44,7 @@ class _Connection:
         self.broken = asyncio.Event()
         self.changed = asyncio.Event()
         self.tools: dict[str, types.Tool] = {}  # by exposed name
+        self.catalog = Catalog()  # its resources, templates and prompts
 
 
 class UpstreamManager:
@@ -161,10 +165,10 @@ class UpstreamManager:
                 continue
             # The liveness probe is a fresh tools/list: `ping` is gone from the 2026-07-28 revision, and an
             # upstream on it sends no list_changed, so this is also how its tool changes are seen.
-            before = dict(conn.tools)
+            before = (dict(conn.tools), conn.catalog)
             async with asyncio.timeout(self.ping_seconds):
                 await self._refresh(name, conn)
-            if conn.tools != before:
+            if (conn.tools, conn.catalog) != before:
                 self._rebuild()
 
     async def _refresh(self, name: str, conn: _Connection) -> None:
@@ -178,6 +182,13 @@ class UpstreamManager:
             tools[exposed] = tool
         conn.tools = tools
         self.status[name].tools = len(tools)
+        names = {n for c in self.connections.values() for n in c.tools}
+        names |= {n for other, c in self.connections.items() if other != name for n, _ in c.catalog.prompts}
+        try:
+            conn.catalog = await list_catalog(conn.client, prefix, names)
+        except MCPError as exc:  # resources or prompts it declares but cannot list: its tools still serve
+            log.warning("upstream catalog not listed", upstream=name, error=exc.error.message[:200])
+            conn.catalog = Catalog()
 
     def _handler(self, conn: _Connection):
         async def handle(message) -> None:
@@ -187,6 +198,29 @@ class UpstreamManager:
             elif isinstance(message, types.ToolListChangedNotification):
                 conn.changed.set()
         return handle
+
+    # --- resources, prompts and completions of the upstreams (upstream_catalog.py) ----------------------
+
+    def catalogs(self) -> list[tuple[str, Catalog, tuple[str, ...]]]:
+        """(upstream, catalog, scopes a caller needs) of every upstream that is up."""
+        return [(name, conn.catalog, tuple(conn.config.scopes)) for name, conn in sorted(self.connections.items())
+                if self.status[name].state == "up" and conn.client is not None]
+
+    def _client(self, upstream: str) -> Client:
+        conn = self.connections.get(upstream)
+        if conn is None or conn.client is None or self.status[upstream].state != "up":
+            raise Unavailable(f"the upstream {upstream!r} is down", hint="retry with backoff; it is reconnecting")
+        return conn.client
+
+    async def read_resource(self, upstream: str, uri: str) -> types.ReadResourceResult:
+        return await self._client(upstream).read_resource(uri)
+
+    async def get_prompt(self, upstream: str, name: str, arguments: dict[str, str]) -> types.GetPromptResult:
+        return await self._client(upstream).get_prompt(name, arguments)
+
+    async def complete(self, upstream: str, ref, argument: dict[str, str],
+                       context: dict[str, str] | None) -> types.CompleteResult:
+        return await self._client(upstream).complete(ref, argument, context)
 
     # --- the backend -----------------------------------------------------------------------------------
 
@@ -199,7 +233,11 @@ class UpstreamManager:
             raise Unavailable(f"the upstream {upstream!r} is down ({self.status[upstream].reason or 'connecting'})",
                               hint="retry with backoff; the gateway is reconnecting it")
         try:
-            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+            # Progress the upstream reports is relayed to the caller (when it asked for it); a call
+            # cancelled here (the caller went away) makes the SDK client send the upstream
+            # `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
+            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                 progress_callback=progress_reporter())
         except MCPError as exc:
             raise BackendFailed(f"the upstream refused the call: {exc.error.message[:200]}",
                                 hint="check the arguments against the tool's schema") from None
@@ -218,6 +256,11 @@ def _result(result: types.CallToolResult) -> dict[str, Any]:
                             hint="read the reason; fix the arguments or retry later")
     if result.structured_content is not None:
         return dict(result.structured_content)
+    if any(not isinstance(block, types.TextContent) for block in result.content):
+        # Media and embedded resources travel as the blocks themselves (MEDIA_KEY); the MCP entry point
+        # answers them as blocks again, gRPC callers get them as JSON.
+        return {MEDIA_KEY: [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                            for block in result.content]}
     if len(texts) == 1:
         with contextlib.suppress(ValueError):
             value = json.loads(texts[0])

@@ -78,9 +78,13 @@ class JsonRpcGuard:
                 break
         body = b"".join(chunks)
         try:
-            problem = envelope_problem(json.loads(body))
+            message = json.loads(body)
+            problem = envelope_problem(message)
         except (ValueError, RecursionError):
             problem = None  # not JSON: the SDK answers its parse error
+        else:
+            if problem is None:
+                scope["mcp.message"] = message  # read by what comes next (stateless sessions), parsed once
         if problem is not None:
             error = {"jsonrpc": "2.0", "id": None,
                      "error": {"code": INVALID_REQUEST, "message": f"Invalid request: {problem}"}}

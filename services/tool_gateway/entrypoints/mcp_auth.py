@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -47,21 +48,27 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', "'") + '"'
 
 
-def refusal(error: DomainError, required_scope: str, *, token_sent: bool) -> Response:
-    """The HTTP answer to a request refused before it reaches MCP."""
+def refusal(error: DomainError, required_scope: str, *, token_sent: bool, resource_metadata: str = "") -> Response:
+    """The HTTP answer to a request refused before it reaches MCP.
+
+    `resource_metadata`: the URL of the protected-resource metadata (RFC 9728), named in the challenge
+    so an MCP client can find out where to get a token (the MCP authorization spec).
+    """
     status = _STATUS.get(error.error_type, 500)
     body = {"jsonrpc": "2.0", "id": None,
             "error": {"code": INVALID_REQUEST if status < 500 else INTERNAL_ERROR,
                       "message": f"{error.error_type}: {error.reason}", "data": error.to_dict()}}
     headers = {}
+    metadata = f"resource_metadata={_quoted(resource_metadata)}" if resource_metadata else ""
     if status == 401:
         # RFC 6750 section 3.1: no error code when the request carried no credentials at all.
-        headers["WWW-Authenticate"] = "Bearer" if not token_sent else \
-            f"Bearer error=\"invalid_token\", error_description={_quoted(error.reason)}"
+        params = [metadata] if not token_sent else \
+            ['error="invalid_token"', f"error_description={_quoted(error.reason)}", metadata]
+        headers["WWW-Authenticate"] = ("Bearer " + ", ".join(p for p in params if p)).rstrip()
     elif status == 403:
-        headers["WWW-Authenticate"] = (f"Bearer error=\"insufficient_scope\", "
-                                       f"scope={_quoted(required_scope)}, "
-                                       f"error_description={_quoted(error.reason)}")
+        params = ['error="insufficient_scope"', f"scope={_quoted(required_scope)}",
+                  f"error_description={_quoted(error.reason)}", metadata]
+        headers["WWW-Authenticate"] = "Bearer " + ", ".join(p for p in params if p)
     return Response(json.dumps(body, ensure_ascii=False), status_code=status, headers=headers,
                     media_type="application/json")
 
@@ -72,8 +79,10 @@ class BearerAuth:
     `verifier` None (auth disabled) lets every request in as an anonymous caller with every scope.
     """
 
-    def __init__(self, app: ASGIApp, verifier: TokenVerifier | None, *, required_scope: str) -> None:
+    def __init__(self, app: ASGIApp, verifier: TokenVerifier | None, *, required_scope: str,
+                 resource_metadata: Callable[[Scope], str] | None = None) -> None:
         self.app, self.verifier, self.required_scope = app, verifier, required_scope
+        self.resource_metadata = resource_metadata
 
     async def _authenticate(self, token: str) -> Principal:
         if self.verifier is None:
@@ -110,8 +119,9 @@ class BearerAuth:
                                            hint=f"ask for a token with scope {self.required_scope} "
                                                 "(and tools:call to call tools)")
             except DomainError as exc:
-                await refusal(exc, self.required_scope, token_sent=bool(token))(scope, receive,
-                                                                                 send_recording_status)
+                metadata = self.resource_metadata(scope) if self.resource_metadata else ""
+                await refusal(exc, self.required_scope, token_sent=bool(token), resource_metadata=metadata)(
+                    scope, receive, send_recording_status)
                 return
             scope["user"] = Caller(principal, token)
             scope["auth"] = AuthCredentials(sorted(principal.scopes))

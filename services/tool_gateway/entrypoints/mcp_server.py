@@ -10,7 +10,12 @@
 
 Authentication happens before MCP (mcp_auth.BearerAuth): the endpoint needs `tools:read`;
 calling needs `tools:call` and the tool's own scopes, checked in the pipeline. The endpoint is stateless (no MCP session lives
-in the process), so any replica can answer any request.
+in the process), so any replica can answer any request; mcp_sessions gives 2025-era clients session ids
+that need no state.
+
+A call whose request carries a progress token gets the progress its upstream reports; a cancelled
+call (2026-07-28: the client closed the request's stream; 2025: `notifications/cancelled`, through
+mcp_sessions) stops, and so does the upstream call under it.
 """
 
 from __future__ import annotations
@@ -21,22 +26,34 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel.server import Server
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.subscriptions import ListenHandler, SubscriptionBus
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from pydantic import TypeAdapter
+from starlette.types import ASGIApp
 
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec
+from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
-from services.tool_gateway.entrypoints.mcp_guides import guide_handlers
+from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
+from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
+from services.tool_gateway.entrypoints.mcp_sessions import (
+    SESSION_HEADER,
+    CancelPublisher,
+    InFlightCalls,
+    StatelessSessions,
+    cancel_key,
+)
 from services.tool_gateway.service_layer import experience, handlers, pipeline
+from services.tool_gateway.service_layer.call_context import reporting_progress
 from services.tool_gateway.service_layer.pipeline import CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 
@@ -47,6 +64,7 @@ PATH = "/mcp"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 
+_CONTENT = TypeAdapter(list[types.ContentBlock])
 INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed call answers isError with a "
                 "structured error {error_type, field, reason, retryable, hint}: retry only when retryable is "
                 "true, fix the named field otherwise, and never invent a result.")
@@ -81,7 +99,14 @@ def outcome_result(outcome: CallOutcome, spec_has_output_schema: bool) -> types.
                       "hint": f"read the whole result as the resource {outcome.resource_uri}"}
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail)), content[1]],
                                         structured_content=detail, is_error=True)
+    blocks = media_blocks(result.value) if not outcome.resource_uri else None
+    if blocks is not None:  # an upstream's images, audio or embedded resources: answered as themselves
+        return types.CallToolResult(content=_CONTENT.validate_python(blocks), is_error=False)
     return types.CallToolResult(content=content, structured_content=result.value, is_error=False)
+
+
+class Cancelled(DomainError):
+    error_type = "cancelled"
 
 
 def _unavailable(exc: BaseException) -> Unavailable:
@@ -107,11 +132,37 @@ def _no_param_headers(name: str) -> None:
     return
 
 
+class _GatewayServer(Server):
+    """Announces `listChanged` for tools, prompts and resources on the initialize handshake when the
+    gateway has a change feed (the 2026-07-28 capabilities follow from serving subscriptions/listen)."""
+
+    list_changed = False
+
+    def create_initialization_options(self, notification_options=None, experimental_capabilities=None,
+                                      extensions=None):
+        if notification_options is None and self.list_changed:
+            notification_options = NotificationOptions(prompts_changed=True, resources_changed=True,
+                                                       tools_changed=True)
+        return super().create_initialization_options(notification_options, experimental_capabilities, extensions)
+
+
+def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str | None:
+    """The key a 2025-era `notifications/cancelled` finds this call by (None: none can, e.g. 2026-07-28)."""
+    if ctx.request is None or ctx.request_id is None:
+        return None
+    session = ctx.request.headers.get(SESSION_HEADER)
+    return cancel_key(caller, session, ctx.request_id) if session else None
+
+
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
-                 experience_store: ExperienceStore | None = None) -> Server:
+                 experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
+                 changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None) -> Server:
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
-    `experience_store`: when given, tools/list appends each tool's experience note to its description."""
+    `experience_store`: when given, tools/list appends each tool's experience note to its description;
+    `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
+    to `subscriptions/listen` streams."""
     registry = ports.registry
+    in_flight = in_flight or InFlightCalls()
 
     async def with_notes(specs: list[ToolSpec], caller: Principal | None) -> list[types.Tool]:
         tools = [tool_to_mcp(spec) for spec in specs]
@@ -142,15 +193,27 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
                                                  field="authorization", hint="send a bearer token"))
         call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
                         trace_id=current_trace_id())
-        try:
-            outcome = await pipeline.call_tool(call, ports)
-        except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
-            return error_result(_unavailable(exc))
+        # Progress is relayed only when the caller asked for it (a progress token): otherwise the upstream
+        # is not asked for any either.
+        report = ctx.session.report_progress if progress_token_from_params(ctx.params) is not None else None
+        outcome = None
+        with reporting_progress(report), in_flight.track(_cancel_key(ctx, caller)) as scope:
+            try:
+                outcome = await pipeline.call_tool(call, ports)
+            except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
+                return error_result(_unavailable(exc))
+        if outcome is None or scope.cancelled_caught:
+            return error_result(Cancelled("the caller cancelled the call", field="",
+                                          hint="the call was stopped, upstream too; call again to retry"))
         return outcome_result(outcome, outcome.has_output_schema)
 
-    return Server("mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
-                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
-                  **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal)))
+    server = _GatewayServer(
+        "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
+        on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
+        on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
+        **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
+    server.list_changed = changes is not None
+    return server
 
 
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -161,36 +224,28 @@ def _listed(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-class PostOnly:
-    """Streamable HTTP without server-initiated streams: only POST reaches the SDK.
-
-    The endpoint keeps no session, so a GET stream could never carry anything; left open, each
-    would hold a socket and a task for nothing. DELETE ends sessions, of which there are none.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] != "POST":
-            await Response("this MCP endpoint answers POST only (it keeps no sessions and sends no server "
-                           "streams)", status_code=405, headers={"Allow": "POST"})(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts: str = "",
-             allowed_origins: str = "", experience: ExperienceStore | None = None) -> ASGIApp:
-    """The ASGI app: bearer authentication, then POST only, then JSON-RPC envelope checks, then the SDK.
+             allowed_origins: str = "", experience: ExperienceStore | None = None,
+             changes: SubscriptionBus | None = None, cancels: CancelPublisher | None = None,
+             in_flight: InFlightCalls | None = None, resource_url: str = "",
+             authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None) -> ASGIApp:
+    """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks,
+    stateless sessions (cancellation, the GET stream), then the SDK.
 
     DNS rebinding protection is always on, whatever the bind address (a container binds 0.0.0.0
     and still answers a browser on the developer's machine): the Host header must be a loopback
     one or one of `allowed_hosts` (MNEMESH_MCP_ALLOWED_HOSTS), and an Origin, when sent, one of
     the loopback origins or `allowed_origins`.
     """
-    server = build_server(ports, experience_store=experience)
+    in_flight = in_flight or InFlightCalls()
+    server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes,
+                          upstreams=upstreams)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
     app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
-    return BearerAuth(PostOnly(JsonRpcGuard(app)), verifier, required_scope=LIST_SCOPE)
+    sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes)
+    metadata = ProtectedResourceMetadata(PATH, resource_url=resource_url, authorization_servers=authorization_servers,
+                                         scopes=(LIST_SCOPE, CALL_SCOPE))
+    return metadata.wrap(BearerAuth(JsonRpcGuard(sessions), verifier, required_scope=LIST_SCOPE,
+                                    resource_metadata=metadata.url_for))

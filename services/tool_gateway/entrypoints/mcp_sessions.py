@@ -1,0 +1,208 @@
+"""Sessions that live in no process, for the 2025-era Streamable HTTP wire.
+
+The endpoint stays stateless (any replica answers any request), yet 2025-era clients get what a
+session gives them. The answer to `initialize` carries an `Mcp-Session-Id`: a random id the
+gateway keeps nowhere, so every replica accepts every id and no client ever hears "session not
+found". The id is used for:
+
+- cancellation: a 2025-era client cancels with a `notifications/cancelled` POST, which may reach
+  another replica than the call. It is keyed by (tenant, subject, session id, request id), so a
+  caller can only cancel its own calls, and sent to every replica (cancels.publish); the replica
+  running the call cancels it, which cancels the upstream call in turn;
+- the GET stream: server-initiated notifications (`notifications/tools/list_changed` and the
+  prompts and resources ones, since prompts and guides follow the tools) from any replica, over
+  the shared change bus. Nothing is replayed: a client that reconnects lists again;
+- DELETE: answered 204, there being nothing to drop.
+
+On the 2026-07-28 wire none of this is needed: a request is cancelled by closing its stream,
+and changes come on a `subscriptions/listen` stream (the SDK's ListenHandler over the same bus).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import anyio
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from libs.auth import Principal
+from libs.logs import get_logger
+from libs.transient import TRANSIENT_ERRORS
+
+__all__ = ["NOTICE_METHODS", "SESSION_HEADER", "CancelPublisher", "ChangeFeed", "InFlightCalls", "StatelessSessions",
+           "cancel_key"]
+
+log = get_logger(__name__)
+SESSION_HEADER = "mcp-session-id"
+PING_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle GET stream
+NOTICE_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_changed",
+                             PromptsListChanged: "notifications/prompts/list_changed",
+                             ResourcesListChanged: "notifications/resources/list_changed"}
+
+
+def cancel_key(principal: Principal, session_id: str, request_id: Any) -> str:
+    """Whose call this is: a cancellation names the same caller, session and request id."""
+    return "\x1f".join([principal.tenant_id, principal.subject, session_id, json.dumps(request_id)])
+
+
+class InFlightCalls:
+    """The calls running in this process that a 2025-era client may cancel, by cancel_key."""
+
+    def __init__(self) -> None:
+        self._scopes: dict[str, anyio.CancelScope] = {}
+
+    @contextlib.contextmanager
+    def track(self, key: str | None) -> Iterator[anyio.CancelScope]:
+        scope = anyio.CancelScope()
+        if key:
+            self._scopes[key] = scope
+        try:
+            with scope:
+                yield scope
+        finally:
+            if key and self._scopes.get(key) is scope:
+                del self._scopes[key]
+
+    def cancel(self, key: str) -> bool:
+        scope = self._scopes.get(key)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+
+class CancelPublisher(Protocol):
+    async def publish(self, message: dict[str, Any]) -> None:
+        """Send `message` to every replica (this one included)."""
+        ...
+
+
+class ChangeFeed(Protocol):
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]: ...
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"event: message\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+class StatelessSessions:
+    """ASGI middleware after authentication and the JSON-RPC envelope check (which leaves the parsed
+    message in `scope["mcp.message"]`), in front of the SDK's stateless transport."""
+
+    def __init__(self, app: ASGIApp, *, in_flight: InFlightCalls, cancels: CancelPublisher | None,
+                 changes: ChangeFeed | None) -> None:
+        self.app, self.in_flight, self.cancels, self.changes = app, in_flight, cancels, changes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        session = headers.get(SESSION_HEADER, "")
+        method = scope["method"]
+        if method == "POST":
+            await self._post(scope, receive, send, session)
+        elif method == "GET" and "text/event-stream" in headers.get("accept", ""):
+            if not session:
+                await _refuse(400, "a GET stream belongs to a session: send the Mcp-Session-Id that initialize "
+                                   "answered (2026-07-28 clients use subscriptions/listen)", scope, receive, send)
+            elif self.changes is None:
+                await _refuse(405, "this endpoint sends no server-initiated messages", scope, receive, send)
+            else:
+                await self._stream(session, scope, receive, send)
+        elif method == "DELETE" and session:
+            await Response(status_code=204)(scope, receive, send)  # nothing is kept for a session
+        else:
+            await _refuse(405, "this MCP endpoint answers POST, GET (text/event-stream, with a session) and "
+                               "DELETE (with a session)", scope, receive, send)
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send, session: str) -> None:
+        message = scope.get("mcp.message")
+        if not isinstance(message, dict):
+            await self.app(scope, receive, send)
+            return
+        if message.get("method") == "notifications/cancelled" and "id" not in message and session:
+            await self._cancel(scope, session, message.get("params") or {})
+            await Response(status_code=202)(scope, receive, send)
+            return
+        if message.get("method") == "initialize" and "id" in message and not session:
+            new_session = uuid.uuid4().hex
+
+            async def send_with_session(msg: Message) -> None:
+                if msg["type"] == "http.response.start" and msg["status"] == 200:
+                    msg = {**msg, "headers": [*msg.get("headers", []),
+                                              (SESSION_HEADER.encode(), new_session.encode())]}
+                await send(msg)
+
+            await self.app(scope, receive, send_with_session)
+            return
+        await self.app(scope, receive, send)
+
+    async def _cancel(self, scope: Scope, session: str, params: dict[str, Any]) -> None:
+        user = scope.get("user")
+        principal = getattr(user, "principal", None)
+        if principal is None or "requestId" not in params:
+            return
+        key = cancel_key(principal, session, params["requestId"])
+        if self.in_flight.cancel(key):  # running here: no need to ask the others
+            log.info("call cancelled", request_id=params["requestId"])
+            return
+        if self.cancels is not None:
+            try:
+                await self.cancels.publish({"key": key})
+            except TRANSIENT_ERRORS as exc:  # a notification has nobody to answer: log, and the call runs on
+                log.warning("cancellation not broadcast", error=type(exc).__name__)
+
+    async def _stream(self, session: str, scope: Scope, receive: Receive, send: Send) -> None:
+        assert self.changes is not None
+        events: set[str] = set()
+        woken = anyio.Event()
+        wake = [woken]
+
+        def deliver(event: ServerEvent) -> None:
+            # Change events are level triggers: a burst collapses to one notification of each kind.
+            method = NOTICE_METHODS.get(type(event))
+            if method is not None:
+                events.add(method)
+                wake[0].set()
+
+        unsubscribe = self.changes.subscribe(deliver)
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                                    (b"x-accel-buffering", b"no"), (SESSION_HEADER.encode(), session.encode())]})
+            async with anyio.create_task_group() as tg:
+
+                async def until_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(until_disconnect)
+                await send({"type": "http.response.body", "body": b": stream open\n\n", "more_body": True})
+                while True:
+                    with anyio.move_on_after(PING_SECONDS):
+                        await wake[0].wait()
+                    wake[0] = anyio.Event()
+                    if not events:
+                        await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+                        continue
+                    pending = sorted(events)
+                    events.clear()
+                    for method in pending:
+                        await send({"type": "http.response.body", "body": _sse({"jsonrpc": "2.0", "method": method}),
+                                    "more_body": True})
+        finally:
+            unsubscribe()
+
+
+async def _refuse(status: int, reason: str, scope: Scope, receive: Receive, send: Send) -> None:
+    headers = {"Allow": "POST, GET, DELETE"} if status == 405 else {}
+    await Response(reason, status_code=status, headers=headers)(scope, receive, send)

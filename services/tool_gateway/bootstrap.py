@@ -9,6 +9,8 @@ import httpx
 
 from libs.auth import service_token
 from libs.config import ConfigError
+from libs.db.notify import Notifier
+from libs.events.batches import BatchConsumer
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
 from libs.logs import get_logger
@@ -17,13 +19,16 @@ from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
-from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
+from services.tool_gateway.adapters.audit_buffer import BufferedCallLog
+from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_events
 from services.tool_gateway.adapters.federated import FederatedRegistry
-from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
+from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry, registry_channel
+from services.tool_gateway.adapters.registry_cache import CachedRegistry
 from services.tool_gateway.adapters.redis_state import (
     BreakerSettings,
     RedisBreakers,
     RedisCanaryCounters,
+    RedisGate,
     RedisRateLimiter,
     RedisResultStore,
 )
@@ -58,15 +63,26 @@ async def bootstrap(ctx: ServiceContext) -> None:
         raise ConfigError(str(exc)) from None
     adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}", adapter_token)
     ctx.closers.append(adapter.aclose)
+    # Audit rows and tool events leave the call's path: written in batches, the rest at shutdown
+    # (closers run after the entry points have drained).
+    call_log = BufferedCallLog(PostgresCallLog(ctx.db, ctx.outbox))
+    ctx.closers.append(call_log.close)
+    # Calls read the registry from memory; NOTIFY of every change (any replica's) keeps it right.
+    registered = CachedRegistry(PostgresRegistry(ctx.db, ctx.outbox), Notifier(ctx.db.connect, registry_channel(ctx.db)))
+    ctx.closers.append(registered.close)
+    limiter = RedisRateLimiter(ctx.bus.redis, namespace)
+    breakers = RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
+        failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
+        min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
+        open_seconds=settings.tool_breaker_open_seconds))
+    ctx.closers.append(breakers.close)  # the successes still waiting to be counted
     ports = CallPorts(
-        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams),
-        limiter=RedisRateLimiter(ctx.bus.redis, namespace),
-        breakers=RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
-            failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
-            min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
-            open_seconds=settings.tool_breaker_open_seconds)),
+        registry=FederatedRegistry(registered, upstreams),
+        limiter=limiter,
+        breakers=breakers,
+        gate=RedisGate(limiter, breakers),
         backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
-        call_log=PostgresCallLog(ctx.db, ctx.outbox),
+        call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
@@ -75,7 +91,10 @@ async def bootstrap(ctx: ServiceContext) -> None:
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
-    ctx.subscribe(TOOL_EVENTS, project_tool_event)
+    # The experience projection reads tool events in batches: one transaction per batch and tenant, each
+    # stats row read and written once per batch, instead of a transaction per call.
+    projection = BatchConsumer(ctx.bus, ctx.db, TOOL_EVENTS, ctx.group, project_tool_events, ctx.verifier)
+    ctx.tasks.append(projection.run)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins,
                                   experience=experience if settings.tool_list_experience else None)

@@ -36,11 +36,16 @@ async def backend() -> AsyncIterator[HttpBackend]:
         yield state
 
 
-async def audit_rows(gw: Gateway, tenant: str = "acme") -> list[asyncpg.Record]:
+async def audit_rows(gw: Gateway, tenant: str = "acme", count: int = 1) -> list[asyncpg.Record]:
+    """The tenant's audit rows once there are `count` (they are written in batches, within milliseconds)."""
     conn = await asyncpg.connect(gw.settings.database_url,
                                  server_settings={"search_path": f"{gw.settings.namespace}_tool_gateway"})
     try:
-        return await conn.fetch("SELECT * FROM tool_calls WHERE tenant_id = $1 ORDER BY called_at", tenant)
+        with anyio.fail_after(10):
+            while len(rows := await conn.fetch("SELECT * FROM tool_calls WHERE tenant_id = $1 ORDER BY called_at",
+                                               tenant)) < count:
+                await anyio.sleep(0.01)
+        return rows
     finally:
         await conn.close()
 
@@ -96,7 +101,7 @@ async def test_a_grpc_call_runs_the_same_pipeline_and_refusals_carry_their_statu
         await grpc_call(gateway, "crm.customer", {"cid": 7})
     detail = error_detail(invalid.value)
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT and detail.field == "arguments/cid"
-    assert [r["outcome"] for r in await audit_rows(gateway)] == ["ok", "error", "error"]
+    assert [r["outcome"] for r in await audit_rows(gateway, count=3)] == ["ok", "error", "error"]
     assert backend.calls["customer"] == 1
 
 

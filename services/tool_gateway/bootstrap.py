@@ -65,8 +65,9 @@ async def bootstrap(ctx: ServiceContext) -> None:
     ctx.closers.append(adapter.aclose)
     # Audit rows and tool events leave the call's path: written in batches, the rest at shutdown
     # (closers run after the entry points have drained). Every batch costs a transaction, an outbox
-    # publish and a projection round whatever its size, so a batch gathers for up to 50 ms.
-    call_log = BufferedCallLog(PostgresCallLog(ctx.db, ctx.outbox), flush_seconds=0.05, batch=500)
+    # publish and a projection round whatever its size, so a batch gathers (MNEMESH_TOOL_AUDIT_FLUSH_MS, 50).
+    call_log = BufferedCallLog(PostgresCallLog(ctx.db, ctx.outbox), flush_seconds=settings.tool_audit_flush_ms / 1000,
+                               batch=500)
     ctx.closers.append(call_log.close)
     # Calls read the registry from memory; NOTIFY of every change (any replica's) keeps it right.
     registered = CachedRegistry(PostgresRegistry(ctx.db, ctx.outbox), Notifier(ctx.db.connect, registry_channel(ctx.db)))

@@ -235,3 +235,28 @@ async def test_a_breaker_opened_through_one_replica_refuses_on_the_other_then_ha
                 await asyncio.sleep(0.1)
     assert response.outcome == "ok"
     assert (await grpc_call(a, "jobs.submit", {})).outcome == "ok"
+
+
+async def test_audit_rows_still_queued_when_the_gateway_stops_are_written_not_lost(
+    redis_url: str, database_url: str, tmp_path, backend: HttpBackend
+) -> None:
+    # Nothing flushes on its own for a minute: every row is still queued when the gateway is told to stop.
+    settings = gateway_settings(redis_url, database_url, tmp_path, tool_audit_flush_ms=60_000)
+    try:
+        async with test_mcp.running(settings) as gw:
+            await register(gw, "mail.send", input_schema=ANY, backend=f"http:{backend.url('/sms')}")
+            async with channel(gw.grpc, gw.token("tools:call")) as ch:
+                stub = tools_pb2_grpc.ToolGatewayStub(ch)
+                answers = await asyncio.gather(*(stub.CallTool(tools_pb2.CallToolRequest(name="mail.send"),
+                                                               timeout=15) for _ in range(30)))
+            assert all(a.outcome == "ok" for a in answers)
+        # The gateway has stopped (the block above waited for it); nothing of its queue may be missing.
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": f"{settings.namespace}_tool_gateway"})
+        try:
+            rows = await conn.fetchval("SELECT count(*) FROM tool_calls WHERE tenant_id = 'acme'")
+            events = await conn.fetchval("SELECT count(*) FROM outbox WHERE fields->>'event_type' = 'tool.called'")
+        finally:
+            await conn.close()
+        assert (rows, events) == (30, 30)
+    finally:
+        await test_mcp.drop_namespace(settings)

@@ -77,7 +77,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
         failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
         min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
         open_seconds=settings.tool_breaker_open_seconds))
-    ctx.closers.append(breakers.close)  # the successes still waiting to be counted
+    ctx.closers.append(breakers.close)  # stops the batch of successes waiting to be counted
     ports = CallPorts(
         registry=FederatedRegistry(registered, upstreams),
         limiter=limiter,

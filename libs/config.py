@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     tool_breaker_window_seconds: float = Field(30.0, gt=0)
     tool_breaker_open_seconds: float = Field(10.0, gt=0, description="time open before one half-open probe")
     tool_result_max_bytes: int = Field(16_384, ge=256, description="result size past which it is truncated")
+    tool_audit_flush_ms: float = Field(50.0, gt=0, le=60_000, description="how long audit rows of calls gather "
+                                       "before they are written in one batch")
     tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
     tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
     tool_upstream_commands: str = Field("", description="executables AddUpstream may start as stdio upstreams "

@@ -53,6 +53,15 @@ class Outbox:
             stream or envelope.stream, envelope.event_id, envelope.to_fields(), envelope.tenant_id)
         await conn.execute("SELECT pg_notify($1, '')", self.channel)
 
+    async def add_many(self, conn: asyncpg.Connection, envelopes: list[Envelope]) -> None:
+        """`add` for several envelopes: one pipelined insert and one wake-up of the relay."""
+        if not envelopes:
+            return
+        await conn.executemany(
+            "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
+            [(e.stream, e.event_id, e.to_fields(), e.tenant_id) for e in envelopes])
+        await conn.execute("SELECT pg_notify($1, '')", self.channel)
+
     async def pending(self) -> int:
         async with self.db.system_transaction() as conn:
             return await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL AND failure IS NULL")

@@ -29,6 +29,7 @@ from libs.rpc import channel, error_detail
 from mnemesh.adapter_cli import add_adapter_commands
 from mnemesh.memory_cli import add_memory_commands
 from mnemesh.tools_cli import add_tools_commands
+from mnemesh.tools_register_cli import add_register_command
 from mnemesh.session_cli import add_session_commands
 
 __all__ = ["add_client_commands"]
@@ -130,6 +131,7 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
     identity(p)
     p.set_defaults(func=bind(tools_list))
     add_tools_commands(tools, settings_of, _run, identity)
+    add_register_command(tools, settings_of, _run, identity)
 
     add_adapter_commands(sub, settings_of, _run, identity)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx2
+import psutil
 from google.protobuf import struct_pb2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -77,8 +78,20 @@ async def _process(*argv: str, env: dict[str, str] | None = None) -> AsyncIterat
                 await process.wait()
 
 
+def _cpu_seconds(process: asyncio.subprocess.Process) -> float:
+    """User + system CPU time of a child process so far (the machine's load does not inflate it)."""
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
 
 
+@contextlib.asynccontextmanager
+async def _cpu_per_call(calls: int, processes: dict[str, asyncio.subprocess.Process],
+                        into: dict[str, float]) -> AsyncIterator[None]:
+    """CPU milliseconds per call that each process spent while the block ran."""
+    before = {name: _cpu_seconds(p) for name, p in processes.items()}
+    yield
+    for name, p in processes.items():
+        into[name] = round((_cpu_seconds(p) - before[name]) * 1000 / calls, 3)
 
 
 def _figures(rate: float, latencies: list[float]) -> dict[str, float]:
@@ -130,6 +143,7 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
     token = issue_token(settings.model_copy(update={"jwt_secret": SecretStr(secret)}), subject="bench", tenant_id="bench",
                         scopes=["tools:read", "tools:call"])
     gateway_url = f"http://127.0.0.1:{mcp_port}/mcp"
+    cpu: dict[str, dict[str, float]] = {"direct": {}, "gateway": {}, "grpc": {}}
     try:
         async with _process(sys.executable, str(FIXTURE), "http", str(upstream_port)) as upstream, \
                 _process(sys.executable, "-m", "mnemesh", "serve", "tool-gateway", env=env) as gateway:
@@ -145,9 +159,14 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.2)
-            direct = await _mcp_calls(upstream_url, "echo", "", total, warmup)
-            through = await _mcp_calls(gateway_url, "fx.echo", token, total, warmup)
-            grpc_rate, grpc_latencies = await _grpc_calls(f"127.0.0.1:{grpc_port}", token, total, warmup)
+            both = {"upstream": upstream, "gateway": gateway}
+            # Warm-up calls are included in the CPU figures; they are a few percent of the calls.
+            async with _cpu_per_call(total + warmup, both, cpu["direct"]):
+                direct = await _mcp_calls(upstream_url, "echo", "", total, warmup)
+            async with _cpu_per_call(total + warmup, both, cpu["gateway"]):
+                through = await _mcp_calls(gateway_url, "fx.echo", token, total, warmup)
+            async with _cpu_per_call(total + warmup, both, cpu["grpc"]):
+                grpc_rate, grpc_latencies = await _grpc_calls(f"127.0.0.1:{grpc_port}", token, total, warmup)
     finally:
         config.unlink(missing_ok=True)
         await _drop(settings, namespace)
@@ -160,10 +179,12 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                      ("through the gateway (gRPC)", _figures(grpc_rate, grpc_latencies))):
         print(f"{label:28s} {f['calls_per_s']:8.1f} calls/s  p50 {f['p50_ms']:7.2f} ms  p95 {f['p95_ms']:7.2f} ms  "
               f"p99 {f['p99_ms']:7.2f} ms")
+    print("CPU per call (ms): " + "; ".join(f"{phase}: " + ", ".join(f"{k} {v}" for k, v in figures.items())
+                                           for phase, figures in cpu.items()))
     print(f"added p50 {summary['added_p50_ms']} ms, p95 {summary['added_p95_ms']} ms; "
           f"throughput ratio {summary['throughput_ratio']} ({total} calls each, {CONCURRENCY} concurrent)")
     return {"calls": total, "concurrency": CONCURRENCY, "direct": d, "gateway": g,
-            "grpc": _figures(grpc_rate, grpc_latencies), "summary": summary}
+            "grpc": _figures(grpc_rate, grpc_latencies), "cpu_ms_per_call": cpu, "summary": summary}
 
 
 async def _drop(settings: Settings, namespace: str) -> None:

@@ -11,6 +11,8 @@ from redis.exceptions import RedisError
 
 from libs.auth import Principal, service_token
 from libs.config import ConfigError
+from libs.db.notify import Notifier
+from libs.events.batches import BatchConsumer
 from libs.events.schema import TOOL_EVENTS
 from libs.http import serve_asgi
 from libs.logs import get_logger
@@ -19,14 +21,17 @@ from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
+from services.tool_gateway.adapters.audit_buffer import BufferedCallLog
 from services.tool_gateway.adapters.broadcast import TOOLS_CHANGED, ChangeBus, RedisBroadcast
-from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
+from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_events
 from services.tool_gateway.adapters.federated import FederatedRegistry
-from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
+from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry, registry_channel
+from services.tool_gateway.adapters.registry_cache import CachedRegistry
 from services.tool_gateway.adapters.redis_state import (
     BreakerSettings,
     RedisBreakers,
     RedisCanaryCounters,
+    RedisGate,
     RedisRateLimiter,
     RedisResultStore,
 )
@@ -89,15 +94,28 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         raise ConfigError(str(exc)) from None
     adapter = GrpcAdapterClient(f"{settings.host}:{settings.adapter_grpc_port}", adapter_token)
     ctx.closers.append(adapter.aclose)
+    # Audit rows and tool events leave the call's path: written in batches, the rest at shutdown
+    # (closers run after the entry points have drained). Every batch costs a transaction, an outbox
+    # publish and a projection round whatever its size, so a batch gathers (MNEMESH_TOOL_AUDIT_FLUSH_MS, 50).
+    call_log = BufferedCallLog(PostgresCallLog(ctx.db, ctx.outbox), flush_seconds=settings.tool_audit_flush_ms / 1000,
+                               batch=500)
+    ctx.closers.append(call_log.close)
+    # Calls read the registry from memory; NOTIFY of every change (any replica's) keeps it right.
+    registered = CachedRegistry(PostgresRegistry(ctx.db, ctx.outbox), Notifier(ctx.db.connect, registry_channel(ctx.db)))
+    ctx.closers.append(registered.close)
+    limiter = RedisRateLimiter(ctx.bus.redis, namespace)
+    breakers = RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
+        failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
+        min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
+        open_seconds=settings.tool_breaker_open_seconds))
+    ctx.closers.append(breakers.close)  # stops the batch of successes waiting to be counted
     ports = CallPorts(
-        registry=FederatedRegistry(PostgresRegistry(ctx.db, ctx.outbox), upstreams, on_change=registry_changed),
-        limiter=RedisRateLimiter(ctx.bus.redis, namespace),
-        breakers=RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
-            failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
-            min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
-            open_seconds=settings.tool_breaker_open_seconds)),
+        registry=FederatedRegistry(registered, upstreams, on_change=registry_changed),
+        limiter=limiter,
+        breakers=breakers,
+        gate=RedisGate(limiter, breakers),
         backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
-        call_log=PostgresCallLog(ctx.db, ctx.outbox),
+        call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
@@ -123,7 +141,10 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
                 ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
                 upstreams=upstreams), changes))
         return  # the HTTP replicas project the tool events
-    ctx.subscribe(TOOL_EVENTS, project_tool_event)
+    # The experience projection reads tool events in batches: one transaction per batch and tenant, each
+    # stats row read and written once per batch, instead of a transaction per call.
+    projection = BatchConsumer(ctx.bus, ctx.db, TOOL_EVENTS, ctx.group, project_tool_events, ctx.verifier)
+    ctx.tasks.append(projection.run)
     mcp_app = mcp_server.http_app(ports, ctx.verifier, allowed_hosts=settings.mcp_allowed_hosts,
                                   allowed_origins=settings.mcp_allowed_origins,
                                   experience=experience if settings.tool_list_experience else None,

@@ -1,7 +1,9 @@
 """A small real HTTP/JSON backend for the gateway's tests, on a free loopback port.
 
 It counts its calls per path, can be told to fail (`/flaky` fails its first N calls with 503),
-to hang (`/hang` never answers until released), and answers big results (`/big`).
+to hang (`/hang` never answers until released), and answers big results (`/big`). `/orders`
+answers what it received (query and JSON body); `openapi_document` describes the backend as an
+OpenAPI 3.0 document, as teams publish theirs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.routing import Route
 from libs.http import serve_asgi
 from mnemesh.infra import free_port
 
-__all__ = ["HttpBackend", "http_backend"]
+__all__ = ["HttpBackend", "http_backend", "openapi_document"]
 
 
 @dataclass
@@ -65,7 +67,11 @@ def app_for(state: HttpBackend) -> Starlette:
         state.calls["fallback"] += 1
         return JSONResponse({"sent_by": "sms"})
 
-    return Starlette(routes=[Route("/customers/{cid}", customer), Route("/flaky", flaky, methods=["POST"]),
+    async def orders(request: Request) -> JSONResponse:
+        state.calls["orders"] += 1
+        return JSONResponse({"query": dict(request.query_params), "body": await request.json()}, 201)
+
+    return Starlette(routes=[Route("/orders", orders, methods=["POST"]), Route("/customers/{cid}", customer), Route("/flaky", flaky, methods=["POST"]),
                              Route("/hang", hang, methods=["POST"]), Route("/big", big),
                              Route("/sms", fallback, methods=["POST"])])
 
@@ -91,3 +97,45 @@ async def http_backend() -> AsyncIterator[HttpBackend]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def openapi_document(base_url: str) -> dict:
+    """This backend as an OpenAPI 3.0 document: $refs, 3.0 keywords, and two operations no tool can call."""
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Shop", "version": "2.1.0"},
+        "servers": [{"url": base_url}],
+        "paths": {
+            "/customers/{customer-id}": {
+                "parameters": [{"$ref": "#/components/parameters/CustomerId"}],
+                "get": {"operationId": "getCustomer", "summary": "Read one customer by id",
+                        "parameters": [{"name": "vip", "in": "query", "schema": {"type": "boolean"}}],
+                        "responses": {"200": {"description": "the customer"}}},
+            },
+            "/orders": {
+                "post": {"operationId": "createOrder", "summary": "Place an order",
+                         "parameters": [{"name": "dry-run", "in": "query", "schema": {"type": "boolean"}}],
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": {"$ref": "#/components/schemas/Order"}}}},
+                         "responses": {"201": {"description": "placed"}}},
+                "put": {"operationId": "replaceOrders", "summary": "Replace every order",
+                        "requestBody": {"required": True, "content": {"application/json": {
+                            "schema": {"type": "array", "items": {"$ref": "#/components/schemas/Order"}}}}},
+                        "responses": {"200": {"description": "replaced"}}},
+            },
+            "/audit": {
+                "get": {"operationId": "readAudit", "summary": "Needs a header the gateway cannot send",
+                        "parameters": [{"name": "X-Auditor", "in": "header", "required": True,
+                                        "schema": {"type": "string"}}],
+                        "responses": {"200": {"description": "the audit"}}},
+            },
+        },
+        "components": {
+            "parameters": {"CustomerId": {"name": "customer-id", "in": "path", "required": True,
+                                          "schema": {"type": "string", "minLength": 1}}},
+            "schemas": {"Order": {"type": "object", "required": ["item", "quantity"], "properties": {
+                "item": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 0, "exclusiveMinimum": True},
+                "note": {"type": "string", "nullable": True}}}},
+        },
+    }

@@ -100,6 +100,9 @@ async def test_an_imported_wsdl_is_listed_and_called_through_the_gateway_by_an_m
     error = fault.structured_content
     assert fault.is_error and error["error_type"] == "backend_fault" and error["retryable"] is False
     assert "CustomerNotFound" in error["reason"] and "no customer 9" in error["reason"] and error["hint"]
+    # The SOAP fault itself is kept beside the structured error: its code and detail.
+    assert error["fault"]["code"].endswith("Client.CustomerNotFound")
+    assert error["fault"]["declared"] == "CustomerNotFound" and error["fault"]["detail"] == {"customer_id": "9"}
     # The gateway validates against the schema the adapter generated, before any SOAP call.
     assert invalid.is_error and invalid.structured_content["error_type"] == "validation"
     assert invalid.structured_content["field"] == "arguments/status"
@@ -119,3 +122,5 @@ async def test_grpc_call_tool_reaches_the_soap_service_and_a_fault_keeps_its_str
     detail = fault.error
     assert fault.outcome != "ok"
     assert (detail.error_type, detail.retryable) == ("backend_fault", False) and "CustomerNotFound" in detail.reason
+    kept = json_format.MessageToDict(fault.fault)
+    assert kept["code"].endswith("Client.CustomerNotFound") and kept["detail"] == {"customer_id": "9"}

@@ -36,11 +36,16 @@ async def backend() -> AsyncIterator[HttpBackend]:
         yield state
 
 
-async def audit_rows(gw: Gateway, tenant: str = "acme") -> list[asyncpg.Record]:
+async def audit_rows(gw: Gateway, tenant: str = "acme", count: int = 1) -> list[asyncpg.Record]:
+    """The tenant's audit rows once there are `count` (they are written in batches, within milliseconds)."""
     conn = await asyncpg.connect(gw.settings.database_url,
                                  server_settings={"search_path": f"{gw.settings.namespace}_tool_gateway"})
     try:
-        return await conn.fetch("SELECT * FROM tool_calls WHERE tenant_id = $1 ORDER BY called_at", tenant)
+        with anyio.fail_after(10):
+            while len(rows := await conn.fetch("SELECT * FROM tool_calls WHERE tenant_id = $1 ORDER BY called_at",
+                                               tenant)) < count:
+                await anyio.sleep(0.01)
+        return rows
     finally:
         await conn.close()
 
@@ -96,7 +101,7 @@ async def test_a_grpc_call_runs_the_same_pipeline_and_refusals_carry_their_statu
         await grpc_call(gateway, "crm.customer", {"cid": 7})
     detail = error_detail(invalid.value)
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT and detail.field == "arguments/cid"
-    assert [r["outcome"] for r in await audit_rows(gateway)] == ["ok", "error", "error"]
+    assert [r["outcome"] for r in await audit_rows(gateway, count=3)] == ["ok", "error", "error"]
     assert backend.calls["customer"] == 1
 
 
@@ -230,3 +235,28 @@ async def test_a_breaker_opened_through_one_replica_refuses_on_the_other_then_ha
                 await asyncio.sleep(0.1)
     assert response.outcome == "ok"
     assert (await grpc_call(a, "jobs.submit", {})).outcome == "ok"
+
+
+async def test_audit_rows_still_queued_when_the_gateway_stops_are_written_not_lost(
+    redis_url: str, database_url: str, tmp_path, backend: HttpBackend
+) -> None:
+    # Nothing flushes on its own for a minute: every row is still queued when the gateway is told to stop.
+    settings = gateway_settings(redis_url, database_url, tmp_path, tool_audit_flush_ms=60_000)
+    try:
+        async with test_mcp.running(settings) as gw:
+            await register(gw, "mail.send", input_schema=ANY, backend=f"http:{backend.url('/sms')}")
+            async with channel(gw.grpc, gw.token("tools:call")) as ch:
+                stub = tools_pb2_grpc.ToolGatewayStub(ch)
+                answers = await asyncio.gather(*(stub.CallTool(tools_pb2.CallToolRequest(name="mail.send"),
+                                                               timeout=15) for _ in range(30)))
+            assert all(a.outcome == "ok" for a in answers)
+        # The gateway has stopped (the block above waited for it); nothing of its queue may be missing.
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": f"{settings.namespace}_tool_gateway"})
+        try:
+            rows = await conn.fetchval("SELECT count(*) FROM tool_calls WHERE tenant_id = 'acme'")
+            events = await conn.fetchval("SELECT count(*) FROM outbox WHERE fields->>'event_type' = 'tool.called'")
+        finally:
+            await conn.close()
+        assert (rows, events) == (30, 30)
+    finally:
+        await test_mcp.drop_namespace(settings)

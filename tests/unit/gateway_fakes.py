@@ -77,6 +77,11 @@ class FakeBreakers:
                 b.update(state="open", opened_at=self.clock(), failures=0)
         return b["state"]
 
+    def succeeded(self, tool: str) -> None:
+        b = self._get(tool)
+        if b["state"] == "closed":
+            b["failures"] = 0
+
     async def state(self, tool: str) -> str:
         return self._get(tool)["state"]
 

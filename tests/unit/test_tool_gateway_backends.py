@@ -15,7 +15,7 @@ from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend
 from services.tool_gateway.adapters.backends.http import parse_target
 from services.tool_gateway.adapters.upstreams import _result
-from services.tool_gateway.domain import ToolSpec
+from services.tool_gateway.domain import ToolSpec, error_detail
 
 SPEC = ToolSpec(name="erp.get_invoice", description="Read an invoice from the ERP.", input_schema={"type": "object"},
                 backend="adapter:erp/GetInvoice")
@@ -50,6 +50,30 @@ async def test_a_soap_fault_keeps_its_structured_error() -> None:
         await router.call(SPEC, {"id": "x"}, 5.0)
     assert err.value.to_dict() == {"error_type": "soap_fault", "field": "id", "reason": "invoice unknown",
                                    "retryable": False, "hint": "check the id"}
+
+
+async def test_the_backends_fault_code_and_detail_are_kept_beside_the_structured_error() -> None:
+    error = common_pb2.ErrorDetail(error_type="backend_fault", field="arguments", retryable=False,
+                                   reason="SOAP fault CustomerNotFound: no customer 9", hint="correct the arguments")
+    fault = {"code": "soap:Client.CustomerNotFound", "subcodes": [], "actor": "", "declared": "CustomerNotFound",
+             "detail": {"customer_id": "9"}}
+    router = BackendRouter({"adapter": AdapterBackend(FakeAdapter(tools_pb2.InvokeResponse(error=error,
+                                                                                          fault=struct(fault))))})
+    with pytest.raises(DomainError) as err:
+        await router.call(SPEC, {"id": "x"}, 5.0)
+    assert err.value.to_dict() == {"error_type": "backend_fault", "field": "arguments", "retryable": False,
+                                   "reason": "SOAP fault CustomerNotFound: no customer 9",
+                                   "hint": "correct the arguments"}
+    assert error_detail(err.value)["fault"] == fault
+
+
+async def test_a_retryable_fault_stays_retryable() -> None:
+    error = common_pb2.ErrorDetail(error_type="backend_fault", reason="SOAP fault Server: busy", retryable=True)
+    router = BackendRouter({"adapter": AdapterBackend(FakeAdapter(tools_pb2.InvokeResponse(
+        error=error, fault=struct({"code": "soap:Server"}))))})
+    with pytest.raises(DomainError) as err:
+        await router.call(SPEC, {}, 5.0)
+    assert err.value.retryable and error_detail(err.value)["fault"] == {"code": "soap:Server"}
 
 
 async def test_an_unknown_backend_kind_is_refused_naming_the_backend_field() -> None:

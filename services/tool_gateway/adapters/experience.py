@@ -6,11 +6,11 @@ import asyncpg
 from google.protobuf import json_format
 
 from libs.db import Database
-from libs.events import Envelope
+from libs.events import Envelope, MalformedEvent
 from services.tool_gateway.domain.experience import Experience, Observation
-from services.tool_gateway.service_layer.experience import record_call
+from services.tool_gateway.service_layer.experience import record_calls
 
-__all__ = ["PostgresExperience", "PostgresExperienceReader", "project_tool_event"]
+__all__ = ["PostgresExperience", "PostgresExperienceReader", "project_tool_events"]
 
 _COLUMNS = "name, context, calls, failures, buckets, errors, arguments"
 
@@ -63,13 +63,13 @@ class PostgresExperienceReader:
             return await PostgresExperience(conn).find(tenant_id, names, context)
 
 
-async def project_tool_event(envelope: Envelope, conn: asyncpg.Connection) -> None:
-    """tool.called → experience of the tool that was called (tools that exist: their version is known)."""
+def _observation(envelope: Envelope) -> tuple[str, str, Observation] | None:
+    """A tool.called event as (tool, context, observation); None for what teaches nothing."""
     if envelope.event_type != "tool.called":
-        return
+        return None
     message = envelope.message()
     if not message.version:
-        return  # an unknown tool name: nothing to learn, and no row for whatever a caller typed
+        return None  # an unknown tool name: nothing to learn, and no row for whatever a caller typed
     error = json_format.MessageToDict(message.error, preserving_proto_field_name=True) \
         if message.HasField("error") else None
     if message.outcome == "fallback":  # the tool failed; a fallback answered in its place
@@ -78,4 +78,24 @@ async def project_tool_event(envelope: Envelope, conn: asyncpg.Connection) -> No
     obs = Observation(ok=message.outcome == "ok", latency_ms=message.latency_ms, error=error,
                       arguments=json_format.MessageToDict(message.arguments) if message.HasField("arguments")
                       else {})
-    await record_call(envelope.tenant_id, message.tool, message.context, obs, PostgresExperience(conn))
+    return message.tool, message.context, obs
+
+
+async def project_tool_events(tenant_id: str, envelopes: list[Envelope],
+                              conn: asyncpg.Connection) -> list[BaseException | None]:
+    """The projection for a BatchConsumer: one tenant's events in one transaction, each stats row once.
+
+    An event that does not parse is that event's failure (dead-lettered); the others still count.
+    """
+    calls, outcomes = [], []
+    for envelope in envelopes:
+        try:
+            found = _observation(envelope)
+        except MalformedEvent as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(None)
+        if found is not None:
+            calls.append(found)
+    await record_calls(tenant_id, calls, PostgresExperience(conn))
+    return outcomes

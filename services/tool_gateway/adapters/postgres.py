@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 from google.protobuf import struct_pb2
 
@@ -14,16 +15,27 @@ from services.tool_gateway.adapters.mapping import spec_to_proto
 from services.tool_gateway.domain import CallRecord, ToolSpec
 from services.tool_gateway.domain.rollout import Rollout
 
-__all__ = ["PostgresCallLog", "PostgresRegistry"]
+__all__ = ["PostgresCallLog", "PostgresRegistry", "Prepared", "registry_channel"]
+
+Prepared = tuple[CallRecord, Envelope, datetime]  # an audit row, its event, when the call ended
 
 # Tools are shared by every tenant of a deployment (the registry has no row-level security);
 # their events carry this tenant id.
 SYSTEM_TENANT = "_system"
 
 
+def registry_channel(db: Database) -> str:
+    """The NOTIFY channel of registry changes (tools and rollouts), for the replicas' caches."""
+    return f"mnemesh_tools_{db.schema}"
+
+
 class PostgresRegistry:
     def __init__(self, db: Database, outbox: Outbox) -> None:
         self.db, self.outbox = db, outbox
+        self.channel = registry_channel(db)
+
+    async def _announce(self, conn, name: str) -> None:
+        await conn.execute("SELECT pg_notify($1, $2)", self.channel, name)  # delivered at commit, if any
 
     async def register(self, spec: ToolSpec) -> bool:
         async with self.db.transaction(SYSTEM_TENANT) as conn:
@@ -32,6 +44,7 @@ class PostgresRegistry:
                 spec.name, spec.version, asdict(spec))
             if rowcount(status) == 0:
                 return False
+            await self._announce(conn, spec.name)
             event = events_pb2.ToolRegistered(tool=spec_to_proto(spec))
             await self.outbox.add(conn, Envelope.wrap(event, event_type="tool.registered", tenant_id=SYSTEM_TENANT))
             return True
@@ -60,6 +73,7 @@ class PostgresRegistry:
                                     " RETURNING version", name, version)
             if not version:
                 await conn.execute("DELETE FROM tool_rollouts WHERE name = $1", name)
+            await self._announce(conn, name)
         return sorted(row[0] for row in rows)
 
     async def rollouts(self) -> dict[str, Rollout]:
@@ -78,6 +92,7 @@ class PostgresRegistry:
                 rollout.name, rollout.stable, rollout.canary, rollout.percent, list(rollout.callers),
                 rollout.max_error_rate_delta, rollout.min_calls, rollout.state, rollout.reason, rollout.epoch,
                 expect_canary)
+            await self._announce(conn, rollout.name)
         return rowcount(status) == 1
 
 
@@ -98,23 +113,29 @@ class PostgresCallLog:
         self.db, self.outbox = db, outbox
 
     async def record(self, record: CallRecord) -> None:
-        error = record.error or {}
-        event = events_pb2.ToolCalled(
-            tenant=common_pb2.TenantContext(tenant_id=record.tenant_id), call_id=record.call_id, tool=record.tool,
-            version=record.version, caller=record.caller, args_sha256=record.args_sha256, outcome=record.outcome,
-            latency_ms=record.latency_ms, context=record.context, served_by=record.served_by,
-            attempts=record.attempts, error=common_pb2.ErrorDetail(**error) if error else None)
-        if record.arguments:
-            event.arguments.CopyFrom(_struct(record.arguments))
-        async with self.db.transaction(record.tenant_id) as conn:
-            await conn.execute(
-                "INSERT INTO tool_calls (call_id, tenant_id, caller, tool, version, args_sha256, outcome, error_type,"
-                " error, latency_ms, trace_id, context, chain_id)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                record.call_id, record.tenant_id, record.caller, record.tool, record.version, record.args_sha256,
-                record.outcome, str(error.get("error_type", "")), record.error, record.latency_ms, record.trace_id,
-                record.context, record.chain_id)
-            await self.outbox.add(conn, Envelope.wrap(event, event_type="tool.called", tenant_id=record.tenant_id))
+        await self.write([self.prepare(record)])
+
+    @staticmethod
+    def prepare(record: CallRecord) -> Prepared:
+        """The row and its event, built now: the event carries the trace of the call that made it, the row
+        the time the call ended (not the time a batch is written)."""
+        return record, _called_event(record), datetime.now(UTC)
+
+    async def write(self, prepared: list[Prepared]) -> None:
+        """Many calls' rows and events: one transaction per tenant (each row stays in its tenant)."""
+        by_tenant: dict[str, list[Prepared]] = {}
+        for item in prepared:
+            by_tenant.setdefault(item[0].tenant_id, []).append(item)
+        for tenant_id, group in by_tenant.items():
+            async with self.db.transaction(tenant_id) as conn:
+                await conn.executemany(
+                    "INSERT INTO tool_calls (call_id, tenant_id, caller, tool, version, args_sha256, outcome,"
+                    " error_type, error, latency_ms, trace_id, context, chain_id, called_at)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    [(r.call_id, r.tenant_id, r.caller, r.tool, r.version, r.args_sha256, r.outcome,
+                      str((r.error or {}).get("error_type", "")), r.error, r.latency_ms, r.trace_id, r.context,
+                      r.chain_id, at) for r, _, at in group])
+                await self.outbox.add_many(conn, [envelope for _, envelope, _ in group])
 
     async def find(self, tenant_id: str, call_id: str) -> CallRecord | None:
         async with self.db.transaction(tenant_id) as conn:
@@ -127,6 +148,18 @@ class PostgresCallLog:
                           version=row["version"], args_sha256=row["args_sha256"], outcome=row["outcome"],
                           error=row["error"], latency_ms=row["latency_ms"], trace_id=row["trace_id"],
                           context=row["context"], chain_id=row["chain_id"])
+
+
+def _called_event(record: CallRecord) -> Envelope:
+    error = record.error or {}
+    event = events_pb2.ToolCalled(
+        tenant=common_pb2.TenantContext(tenant_id=record.tenant_id), call_id=record.call_id, tool=record.tool,
+        version=record.version, caller=record.caller, args_sha256=record.args_sha256, outcome=record.outcome,
+        latency_ms=record.latency_ms, context=record.context, served_by=record.served_by,
+        attempts=record.attempts, error=common_pb2.ErrorDetail(**error) if error else None)
+    if record.arguments:
+        event.arguments.CopyFrom(_struct(record.arguments))
+    return Envelope.wrap(event, event_type="tool.called", tenant_id=record.tenant_id)
 
 
 def _struct(value: dict) -> struct_pb2.Struct:

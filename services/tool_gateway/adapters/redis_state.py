@@ -6,72 +6,96 @@ clock, so replicas agree without synchronised clocks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
+from libs.logs import get_logger
 from services.tool_gateway.domain.rollout import ArmCounts
 
-__all__ = ["BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisRateLimiter", "RedisResultStore"]
+__all__ = ["BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
 
 RedisFactory = Callable[[], Awaitable[Redis]]
+log = get_logger(__name__)
 
+# The scripts are built from Lua functions so that the call path runs one script (rate limit, then
+# breaker: `_GATE`) and the pieces stay written once.
 # Token buckets (rate per second, burst = 2 × rate, at least 1): take one token from each bucket,
 # or none when any is empty; answer the wait until all have one.
-_TAKE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local wait, state = 0, {}
-for i, key in ipairs(KEYS) do
-  local rate = tonumber(ARGV[i])
-  local burst = math.max(1, rate * 2)
-  local b = redis.call('HMGET', key, 'tokens', 'ts')
-  local tokens = tonumber(b[1]) or burst
-  local ts = tonumber(b[2]) or now
-  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
-  if tokens < 1 then wait = math.max(wait, (1 - tokens) / rate) end
-  state[i] = {tokens, burst / rate}
+_TAKE_FN = """
+local function take(now, keys, rates)
+  local wait, state = 0, {}
+  for i, key in ipairs(keys) do
+    local rate = tonumber(rates[i])
+    local burst = math.max(1, rate * 2)
+    local b = redis.call('HMGET', key, 'tokens', 'ts')
+    local tokens = tonumber(b[1]) or burst
+    local ts = tonumber(b[2]) or now
+    tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+    if tokens < 1 then wait = math.max(wait, (1 - tokens) / rate) end
+    state[i] = {tokens, burst / rate}
+  end
+  for i, key in ipairs(keys) do
+    local tokens = state[i][1]
+    if wait == 0 then tokens = tokens - 1 end
+    redis.call('HSET', key, 'tokens', tokens, 'ts', now)
+    redis.call('PEXPIRE', key, math.ceil(state[i][2] * 1000) + 1000)
+  end
+  return wait
 end
-for i, key in ipairs(KEYS) do
-  local tokens = state[i][1]
-  if wait == 0 then tokens = tokens - 1 end
-  redis.call('HSET', key, 'tokens', tokens, 'ts', now)
-  redis.call('PEXPIRE', key, math.ceil(state[i][2] * 1000) + 1000)
-end
-return tostring(wait)
 """
 
-# Breaker: KEYS[1] hash {state, failures, opened_at, probe_until, win_start, calls, errors}.
-_ADMIT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local open_s, probe_s = tonumber(ARGV[1]), tonumber(ARGV[2])
-local b = redis.call('HMGET', KEYS[1], 'state', 'opened_at', 'probe_until')
-local state = b[1] or 'closed'
-if state == 'closed' then return {1, state, '0'} end
-if state == 'open' then
-  local left = tonumber(b[2]) + open_s - now
-  if left > 0 then return {0, state, tostring(left)} end
-  redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_until', now + probe_s)
-  return {1, 'half_open', '0'}
+# Breaker: one hash {state, failures, opened_at, probe_until, win_start, calls, errors}.
+_ADMIT_FN = """
+local function admit(now, key, open_s, probe_s)
+  local b = redis.call('HMGET', key, 'state', 'opened_at', 'probe_until')
+  local state = b[1] or 'closed'
+  if state == 'closed' then return {1, state, '0'} end
+  if state == 'open' then
+    local left = tonumber(b[2]) + open_s - now
+    if left > 0 then return {0, state, tostring(left)} end
+    redis.call('HSET', key, 'state', 'half_open', 'probe_until', now + probe_s)
+    return {1, 'half_open', '0'}
+  end
+  local busy = tonumber(b[3]) - now
+  if busy > 0 then return {0, state, tostring(busy)} end
+  redis.call('HSET', key, 'probe_until', now + probe_s)
+  return {1, state, '0'}
 end
-local busy = tonumber(b[3]) - now
-if busy > 0 then return {0, state, tostring(busy)} end
-redis.call('HSET', KEYS[1], 'probe_until', now + probe_s)
-return {1, state, '0'}
 """
 
-_RECORD = """
+_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local ok = ARGV[1] == '1'
-local max_failures, max_rate = tonumber(ARGV[2]), tonumber(ARGV[3])
-local min_calls, window = tonumber(ARGV[4]), tonumber(ARGV[5])
+"""
+
+_TAKE = _TAKE_FN + _NOW + "return tostring(take(now, KEYS, ARGV))"
+_ADMIT = _ADMIT_FN + _NOW + "return admit(now, KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))"
+# KEYS: the buckets, then the breaker; ARGV: their rates, then open and probe seconds. A call the rate
+# limit refuses takes no probe of a half-open breaker.
+_GATE = _TAKE_FN + _ADMIT_FN + _NOW + """
+local n = #KEYS - 1
+local keys, rates = {}, {}
+for i = 1, n do keys[i], rates[i] = KEYS[i], ARGV[i] end
+local wait = take(now, keys, rates)
+if wait > 0 then return {tostring(wait), 0, '', '0'} end
+local a = admit(now, KEYS[n + 1], tonumber(ARGV[n + 1]), tonumber(ARGV[n + 2]))
+return {'0', a[1], a[2], a[3]}
+"""
+
+# ARGV: successes (applied first, as that many successful calls), then '1' for one failure after them.
+_RECORD = _NOW + """
+local successes, failed = tonumber(ARGV[1]), ARGV[2] == '1'
+local max_failures, max_rate = tonumber(ARGV[3]), tonumber(ARGV[4])
+local min_calls, window = tonumber(ARGV[5]), tonumber(ARGV[6])
 local b = redis.call('HMGET', KEYS[1], 'state', 'failures', 'win_start', 'calls', 'errors')
 local state = b[1] or 'closed'
 if state == 'half_open' then
-  if ok then
+  if not failed then
     redis.call('DEL', KEYS[1])
     return 'closed'
   end
@@ -82,8 +106,9 @@ if state == 'open' then return 'open' end
 local failures, calls, errors = tonumber(b[2]) or 0, tonumber(b[4]) or 0, tonumber(b[5]) or 0
 local win_start = tonumber(b[3]) or now
 if now - win_start >= window then win_start, calls, errors = now, 0, 0 end
-calls = calls + 1
-if ok then failures = 0 else failures, errors = failures + 1, errors + 1 end
+calls = calls + successes
+if successes > 0 then failures = 0 end
+if failed then failures, errors, calls = failures + 1, errors + 1, calls + 1 end
 if failures >= max_failures or (calls >= min_calls and errors / calls >= max_rate) then
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now, 'failures', 0, 'win_start', now,
              'calls', 0, 'errors', 0)
@@ -99,9 +124,21 @@ class _Keys:
     def __init__(self, redis: RedisFactory, namespace: str, kind: str) -> None:
         self._redis, self._prefix = redis, f"{namespace}.tool-gateway.{kind}." if namespace else \
             f"tool-gateway.{kind}."
+        self._scripts: dict[str, tuple[Redis, AsyncScript]] = {}
 
     def key(self, name: str) -> str:
         return self._prefix + name
+
+    async def _script(self, source: str) -> AsyncScript:
+        """`source` as a script of the current client: run by EVALSHA, its body sent once, not every call."""
+        client = await self._redis()
+        held = self._scripts.get(source)
+        if held is None or held[0] is not client:
+            held = self._scripts[source] = (client, client.register_script(source))
+        return held[1]
+
+    async def run_script(self, source: str, keys: list[str], args: list) -> Any:
+        return await (await self._script(source))(keys=keys, args=args)
 
 
 class RedisRateLimiter(_Keys):
@@ -109,10 +146,8 @@ class RedisRateLimiter(_Keys):
         super().__init__(redis, namespace, "rate")
 
     async def acquire(self, buckets: list[tuple[str, float]]) -> float:
-        client = await self._redis()
-        wait = await client.eval(_TAKE, len(buckets), *[self.key(k) for k, _ in buckets],
-                                 *[repr(float(rate)) for _, rate in buckets])
-        return float(wait)
+        return float(await self.run_script(_TAKE, [self.key(k) for k, _ in buckets],
+                                     [repr(float(rate)) for _, rate in buckets]))
 
 
 @dataclass(frozen=True)
@@ -125,26 +160,81 @@ class BreakerSettings:
 
 
 class RedisBreakers(_Keys):
-    def __init__(self, redis: RedisFactory, namespace: str = "", settings: BreakerSettings | None = None) -> None:
+    """Breakers shared in Redis. Successes are counted in batches (`succeeded`): every few ms one round
+    trip for every breaker's successes, instead of one per call; a failure first applies the successes
+    of its breaker still waiting, so the order of one replica's outcomes is kept."""
+
+    def __init__(self, redis: RedisFactory, namespace: str = "", settings: BreakerSettings | None = None,
+                 flush_seconds: float = 0.005) -> None:
         super().__init__(redis, namespace, "breaker")
         self.settings = settings or BreakerSettings()
+        self.flush_seconds = flush_seconds
+        self._successes: dict[str, int] = {}
+        self._flusher: asyncio.Task | None = None
 
     async def admit(self, tool: str, probe_seconds: float) -> tuple[bool, str, float]:
-        client = await self._redis()
-        admitted, state, retry_after = await client.eval(_ADMIT, 1, self.key(tool), repr(self.settings.open_seconds),
-                                                         repr(float(probe_seconds)))
+        admitted, state, retry_after = await self.run_script(_ADMIT, [self.key(tool)],
+                                                       [repr(self.settings.open_seconds), repr(float(probe_seconds))])
         return bool(admitted), _text(state), float(retry_after)
 
-    async def record(self, tool: str, ok: bool) -> str:
+    def _args(self, successes: int, failed: bool) -> list:
         s = self.settings
-        client = await self._redis()
-        state = await client.eval(_RECORD, 1, self.key(tool), "1" if ok else "0", s.failures, repr(s.error_rate),
-                                  s.min_calls, repr(s.window_seconds))
-        return _text(state)
+        return [successes, "1" if failed else "0", s.failures, repr(s.error_rate), s.min_calls, repr(s.window_seconds)]
+
+    async def record(self, tool: str, ok: bool) -> str:
+        successes = self._successes.pop(tool, 0) + (1 if ok else 0)
+        return _text(await self.run_script(_RECORD, [self.key(tool)], self._args(successes, not ok)))
+
+    def succeeded(self, tool: str) -> None:
+        self._successes[tool] = self._successes.get(tool, 0) + 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later(), name="breaker successes")
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.flush_seconds)
+        try:
+            await self.flush()
+        except Exception as exc:  # noqa: BLE001 - success counts only lower a breaker's error rate; logged
+            log.warning("breaker successes not counted", error=str(exc)[:200])
+
+    async def flush(self) -> None:
+        """Apply the successes still waiting, every breaker's in one round trip."""
+        pending, self._successes = self._successes, {}
+        if not pending:
+            return
+        script = await self._script(_RECORD)
+        async with (await self._redis()).pipeline(transaction=False) as pipe:
+            for tool, count in pending.items():
+                await script(keys=[self.key(tool)], args=self._args(count, False), client=pipe)
+            await pipe.execute()
+
+    async def close(self) -> None:
+        """Stop counting. Successes still waiting are dropped, not sent: this runs after the event bus (whose
+        Redis connections these are) has stopped, and a lost success only leaves a breaker's error rate a
+        hair higher for the rest of its window."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        self._successes.clear()
 
     async def state(self, tool: str) -> str:
         client = await self._redis()
         return _text(await client.hget(self.key(tool), "state") or b"closed")
+
+
+class RedisGate:
+    """Rate limit and breaker of a call in one script, so the call path costs one round trip for both."""
+
+    def __init__(self, limiter: RedisRateLimiter, breakers: RedisBreakers) -> None:
+        self.limiter, self.breakers = limiter, breakers
+
+    async def admit(self, buckets: list[tuple[str, float]], tool: str,
+                    probe_seconds: float) -> tuple[float, bool, str, float]:
+        wait, admitted, state, retry_after = await self.limiter.run_script(
+            _GATE, [*(self.limiter.key(k) for k, _ in buckets), self.breakers.key(tool)],
+            [*(repr(float(rate)) for _, rate in buckets), repr(self.breakers.settings.open_seconds),
+             repr(float(probe_seconds))])
+        return float(wait), bool(admitted), _text(state), float(retry_after)
 
 
 # A canary's counters: one hash per (tool, epoch), {stable_calls, stable_errors, canary_calls, canary_errors}.

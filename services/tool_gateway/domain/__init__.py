@@ -1,5 +1,6 @@
 from services.tool_gateway.domain.calls import (
     BackendFailed,
+    BackendFault,
     CallOutcome,
     CallRecord,
     CircuitOpen,
@@ -10,6 +11,7 @@ from services.tool_gateway.domain.calls import (
     authorise,
     backoff_seconds,
     clean_result,
+    error_detail,
     may_call,
 )
 from services.tool_gateway.domain.registry import (
@@ -19,6 +21,6 @@ from services.tool_gateway.domain.registry import (
     validate_spec,
 )
 
-__all__ = ["BackendFailed", "CallOutcome", "CallRecord", "CircuitOpen", "CleanResult", "RateLimited",
+__all__ = ["BackendFailed", "BackendFault", "CallOutcome", "CallRecord", "CircuitOpen", "CleanResult", "RateLimited",
            "ToolCall", "ToolSpec", "args_sha256", "authorise", "backoff_seconds", "clean_result", "current_versions",
-           "may_call", "validate_arguments", "validate_spec"]
+           "error_detail", "may_call", "validate_arguments", "validate_spec"]

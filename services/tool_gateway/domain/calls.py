@@ -16,9 +16,9 @@ from libs.auth import Principal
 from libs.errors import DomainError, PermissionDenied
 from services.tool_gateway.domain.registry import ToolSpec
 
-__all__ = ["BackendFailed", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
+__all__ = ["BackendFailed", "BackendFault", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
            "ToolCall", "args_sha256", "authorise", "backoff_seconds", "call_state", "clean_result",
-           "may_call"]
+           "error_detail", "may_call"]
 
 CALL_SCOPE = "tools:call"
 # Fields backends add for machines that only cost an agent tokens (HAL, GraphQL, OData links).
@@ -39,6 +39,28 @@ class BackendFailed(DomainError):
     """The backend answered with a failure (mapped: never its raw text alone)."""
 
     error_type = "backend_error"
+
+
+class BackendFault(BackendFailed):
+    """The backend answered with a fault of its own (a SOAP fault, a COM exception): `fault` keeps what it
+    said (code, subcodes, actor, detail), next to the structured error an agent reads."""
+
+    error_type = "backend_fault"
+
+    def __init__(self, reason: str, *, fault: dict[str, Any], field: str = "", hint: str = "",
+                 retryable: bool | None = None) -> None:
+        super().__init__(reason, field=field, hint=hint, retryable=retryable)
+        self.fault = fault
+
+
+def error_detail(error: DomainError) -> dict[str, Any]:
+    """The structured error an agent gets: {error_type, field, reason, retryable, hint}, plus the backend's
+    `fault` when it sent one."""
+    detail = error.to_dict()
+    fault = getattr(error, "fault", None)
+    if fault:
+        detail["fault"] = fault
+    return detail
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from jsonschema.exceptions import SchemaError
 from libs.errors import ValidationFailed
 from libs.safe_schema import SafeValidator, UnsupportedPattern, check_schema
 
-__all__ = ["ToolSpec", "current_versions", "pick_version", "validate_arguments", "validate_spec"]
+__all__ = ["ToolSpec", "current_versions", "input_validator", "pick_version", "validate_arguments", "validate_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -77,9 +77,30 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
     return spec
 
 
+# Compiled validators by (name, version), each with the schema it was built from: building one costs
+# far more than the check itself, and a spec read again from the registry is a new object with an
+# equal schema. A federated tool keeps its name and version when its upstream changes the schema,
+# hence the comparison (identity first, then equality) rather than trusting the key alone.
+_VALIDATORS: dict[tuple[str, str], tuple[dict, SafeValidator]] = {}
+_MAX_VALIDATORS = 4_096
+
+
+def input_validator(spec: ToolSpec) -> SafeValidator:
+    """The compiled validator of `spec`'s input schema, built once per tool version and schema."""
+    key = (spec.name, spec.version)
+    cached = _VALIDATORS.get(key)
+    if cached is not None and (cached[0] is spec.input_schema or cached[0] == spec.input_schema):
+        return cached[1]
+    if len(_VALIDATORS) >= _MAX_VALIDATORS:
+        _VALIDATORS.clear()  # a registry that large churns; rebuilding on demand is correct, only slower
+    validator = SafeValidator(spec.input_schema)
+    _VALIDATORS[key] = (spec.input_schema, validator)
+    return validator
+
+
 def validate_arguments(spec: ToolSpec, arguments: dict) -> dict:
     """Refuse call arguments that do not validate against the tool's input schema, naming the first path."""
-    errors = sorted(SafeValidator(spec.input_schema).iter_errors(arguments), key=lambda e: list(e.path))
+    errors = sorted(input_validator(spec).iter_errors(arguments), key=lambda e: list(e.path))
     if errors:
         err = errors[0]
         where = "/".join(str(p) for p in err.path)

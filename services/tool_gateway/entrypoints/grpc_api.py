@@ -142,6 +142,9 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
             if error.error_type not in _IN_BAND:
                 raise error  # the interceptor maps it to its status with the ErrorDetail
             response.error.CopyFrom(common_pb2.ErrorDetail(**error.to_dict()))
+            fault = getattr(error, "fault", None)
+            if fault:  # the backend's own fault (SOAP code, detail), kept beside the structured error
+                response.fault.update(fault)
             return response
         assert outcome.result is not None
         result = struct_pb2.Struct()

@@ -37,7 +37,7 @@ from starlette.types import ASGIApp
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable
 from libs.transient import TRANSIENT_ERRORS
-from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec
+from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec, error_detail
 from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
@@ -76,7 +76,7 @@ def tool_to_mcp(spec: ToolSpec) -> types.Tool:
 
 
 def error_result(error: DomainError) -> types.CallToolResult:
-    detail = error.to_dict()
+    detail = error_detail(error)  # with the backend's own fault, when it sent one
     return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail, ensure_ascii=False))],
                                 structured_content=detail, is_error=True)
 

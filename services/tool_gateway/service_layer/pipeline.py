@@ -39,6 +39,7 @@ from services.tool_gateway.service_layer.ports import (
     Breakers,
     CallLog,
     CanaryCounters,
+    Gate,
     RateLimiter,
     Registry,
     ResultStore,
@@ -73,6 +74,7 @@ class CallPorts:
     results: ResultStore
     canaries: CanaryCounters
     policy: CallPolicy = field(default_factory=CallPolicy)
+    gate: Gate | None = None  # rate limit + breaker in one round trip; None: the two ports one after the other
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Any] = asyncio.sleep
 
@@ -135,22 +137,45 @@ async def _validate(spec: ToolSpec, arguments: dict[str, Any], policy: CallPolic
         await asyncio.to_thread(validate_arguments, spec, arguments)
 
 
-async def _admit_rate(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> None:
+class _Sequential:
+    """The Gate of ports without one: the rate limiter, then the breaker."""
+
+    def __init__(self, limiter: RateLimiter, breakers: Breakers) -> None:
+        self.limiter, self.breakers = limiter, breakers
+
+    async def admit(self, buckets: list[tuple[str, float]], tool: str,
+                    probe_seconds: float) -> tuple[float, bool, str, float]:
+        wait = await self.limiter.acquire(buckets)
+        if wait > 0:
+            return wait, False, "", 0.0
+        return (0.0, *await self.breakers.admit(tool, probe_seconds))
+
+
+async def _admit(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> tuple[bool, str, float]:
+    """Rate limit (per caller, per tool) and the breaker's admission of the first attempt, together."""
     p = call.principal
-    wait = await ports.limiter.acquire([(f"caller:{p.tenant_id}:{p.subject}", ports.policy.rate_per_caller),
-                                        (f"tool:{spec.name}", ports.policy.rate_per_tool)])
+    gate = ports.gate or _Sequential(ports.limiter, ports.breakers)
+    wait, admitted, state, retry_after = await gate.admit(
+        [(f"caller:{p.tenant_id}:{p.subject}", ports.policy.rate_per_caller),
+         (f"tool:{spec.name}", ports.policy.rate_per_tool)], breaker_key(spec), spec.timeout_seconds)
     if wait > 0:
         raise RateLimited(f"too many calls (per caller {ports.policy.rate_per_caller:g}/s, per tool "
                           f"{ports.policy.rate_per_tool:g}/s)", field="name",
                           hint=f"retry in {wait:.2f} s, and spread calls out")
+    return admitted, state, retry_after
 
 
 async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
-                   ports: CallPorts) -> tuple[dict[str, Any], int]:
-    """Call `spec` with bounded retries; returns (result, attempts) or raises the last error."""
+                   ports: CallPorts, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int]:
+    """Call `spec` with bounded retries; returns (result, attempts) or raises the last error.
+
+    `first`: the breaker's answer for the first attempt when the gate gave it already."""
     attempts = spec.retries + 1
     for attempt in range(1, attempts + 1):
-        admitted, state, retry_after = await ports.breakers.admit(breaker_key(spec), spec.timeout_seconds)
+        if attempt == 1 and first is not None:
+            admitted, state, retry_after = first
+        else:
+            admitted, state, retry_after = await ports.breakers.admit(breaker_key(spec), spec.timeout_seconds)
         if not admitted:
             raise CircuitOpen(f"{spec.name} is failing and its circuit breaker is {state.replace('_', '-')}",
                               field="name", hint=f"retry in {retry_after:.1f} s or use another tool")
@@ -169,7 +194,10 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
         except DomainError as exc:
             error = exc
         else:
-            await ports.breakers.record(breaker_key(spec), True)
+            if state == "closed":  # the common case: counted in a batch, off the call's path
+                ports.breakers.succeeded(breaker_key(spec))
+            else:  # a half-open probe that worked closes its breaker now
+                await ports.breakers.record(breaker_key(spec), True)
             return result, attempt
         # A backend's own fault counts against it when retryable (a SOAP Server fault); a fault that says the
         # request was wrong (a Client fault) does not.
@@ -206,13 +234,13 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
                rollout: Rollout | None = None, arm: str = "") -> CallOutcome:
     authorise(spec, call.principal)
     await _validate(spec, call.arguments, ports.policy)
-    await _admit_rate(call, spec, ports)
+    admission = await _admit(call, spec, ports)
     tenant = call.principal.tenant_id or SYSTEM_TENANT
     if call.chain_id:  # GetCall answers "running" until the audit row says how it ended
         await ports.results.mark_running(tenant, call.chain_id, call.deadline_seconds or spec.timeout_seconds)
     deadline_at = ports.clock() + call.deadline_seconds if call.deadline_seconds > 0 else None
     try:
-        result, attempts = await _attempt(spec, call.arguments, deadline_at, ports)
+        result, attempts = await _attempt(spec, call.arguments, deadline_at, ports, admission)
         served_by, outcome = spec.name, "ok"
         if arm:
             await _count_arm(spec, rollout, arm, True, ports)

@@ -9,7 +9,7 @@ from services.tool_gateway.domain.calls import CallRecord
 from services.tool_gateway.domain.experience import Experience
 from services.tool_gateway.domain.rollout import ArmCounts, Rollout
 
-__all__ = ["Backends", "Breakers", "CallLog", "CanaryCounters", "ExperienceStore", "RateLimiter", "Registry",
+__all__ = ["Backends", "Breakers", "CallLog", "CanaryCounters", "ExperienceStore", "Gate", "RateLimiter", "Registry",
            "ResultStore"]
 
 
@@ -61,7 +61,20 @@ class Breakers(Protocol):
         """Count a call's outcome; returns the state after it."""
         ...
 
+    def succeeded(self, tool: str) -> None:
+        """Count a success of a call its closed breaker admitted; it may be applied a few ms later (in a
+        batch), but before any later outcome of the same tool recorded through this port."""
+        ...
+
     async def state(self, tool: str) -> str:
+        ...
+
+
+class Gate(Protocol):
+    async def admit(self, buckets: list[tuple[str, float]], tool: str,
+                    probe_seconds: float) -> tuple[float, bool, str, float]:
+        """RateLimiter.acquire, then (when granted) Breakers.admit, in one step:
+        (wait, admitted, state, retry_after); a call the rate limit refuses (wait > 0) takes no probe."""
         ...
 
 

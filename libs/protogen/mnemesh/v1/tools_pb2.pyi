@@ -56,7 +56,7 @@ class CallToolRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., chain_id: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., context: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms", "outcome", "served_by", "version")
+    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms", "outcome", "served_by", "version", "fault")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class CallToolResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     result: _struct_pb2.Struct
     error: _common_pb2.ErrorDetail
@@ -75,7 +76,8 @@ class CallToolResponse(_message.Message):
     outcome: str
     served_by: str
     version: str
-    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    fault: _struct_pb2.Struct
+    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ..., fault: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class RemoveToolRequest(_message.Message):
     __slots__ = ("name", "version")

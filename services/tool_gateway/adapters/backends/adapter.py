@@ -16,9 +16,9 @@ from libs.errors import DomainError, Unavailable
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel
 from libs.transient import is_transient
-from services.tool_gateway.domain import BackendFailed
+from services.tool_gateway.domain import BackendFailed, BackendFault
 
-__all__ = ["AdapterBackend", "AdapterClient", "GrpcAdapterClient"]
+__all__ = ["AdapterBackend", "AdapterClient", "GrpcAdapterClient", "adapter_error"]
 
 
 class AdapterClient(Protocol):
@@ -65,9 +65,19 @@ class AdapterBackend:
             raise BackendFailed(f"the adapter refused the call ({exc.code().name})",
                                 hint="operators: check the adapter's log for this backend") from None
         if response.HasField("error") and response.error.error_type:
-            e = response.error
-            error: DomainError = (Unavailable if e.retryable else BackendFailed)(
-                e.reason or "the legacy backend failed", field=e.field, hint=e.hint)
-            error.error_type = e.error_type or error.error_type  # keep the adapter's semantics (e.g. soap_fault)
-            raise error
+            raise adapter_error(response)
         return json_format.MessageToDict(response.result)
+
+
+def adapter_error(response: tools_pb2.InvokeResponse) -> DomainError:
+    """The adapter's structured error, its semantics kept (e.g. backend_fault, retryable or not), and the
+    backend's fault (SOAP code, subcodes, actor, detail) kept with it rather than dropped."""
+    e = response.error
+    reason, hint = e.reason or "the legacy backend failed", e.hint
+    if response.HasField("fault"):
+        error: DomainError = BackendFault(reason, fault=json_format.MessageToDict(response.fault), field=e.field,
+                                          hint=hint, retryable=e.retryable)
+    else:
+        error = (Unavailable if e.retryable else BackendFailed)(reason, field=e.field, hint=hint)
+    error.error_type = e.error_type or error.error_type  # keep the adapter's semantics (e.g. soap_fault)
+    return error

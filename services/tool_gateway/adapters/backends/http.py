@@ -1,7 +1,8 @@
 """Plain HTTP/JSON backends: `http:<METHOD> <url template>`, e.g. `http:GET https://crm/customers/{id}`.
 
-Placeholders take their argument, URL-encoded; the other arguments go in the query string (GET,
-DELETE) or as the JSON body (POST, PUT, PATCH). A JSON object answer is the result, any other
+Placeholders take their argument, URL-encoded; a form-style query expansion `{?a,b}` (RFC 6570) puts
+those of its names that the call has in the query string; the other arguments go in the query string
+(GET, DELETE) or as the JSON body (POST, PUT, PATCH). A JSON object answer is the result, any other
 JSON value comes back as `{"result": value}`. Failures are mapped, never passed on raw: 408, 429
 and 5xx and transport errors are retryable `unavailable`, other 4xx `backend_error` (not retried).
 """
@@ -21,6 +22,7 @@ from services.tool_gateway.domain import BackendFailed
 __all__ = ["HttpBackend", "parse_target"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_QUERY_EXPANSION = re.compile(r"\{\?([^}]*)\}")
 _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 _BODY = {"POST", "PUT", "PATCH"}
 
@@ -56,9 +58,16 @@ class HttpBackend:
         if missing:
             raise ValidationFailed("is required by the backend URL", field=f"arguments/{missing[0]}",
                                    hint="add it to the tool's input schema as required")
+        query: dict[str, Any] = {}
+        for expansion in _QUERY_EXPANSION.findall(template):
+            for name in (n.strip() for n in expansion.split(",")):
+                if name in rest:
+                    query[name] = rest.pop(name)
+        template = _QUERY_EXPANSION.sub("", template)
         url = _PLACEHOLDER.sub(lambda m: quote(str(rest.pop(m.group(1))), safe=""), template)
-        params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in rest.items()} \
-            if method not in _BODY else None
+        if method not in _BODY:
+            query.update(rest)
+        params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in query.items()} or None
         try:
             response = await self.client.request(method, url, params=params,
                                                  json=rest if method in _BODY else None, timeout=timeout)

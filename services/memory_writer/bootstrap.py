@@ -41,10 +41,10 @@ async def bootstrap(ctx: ServiceContext) -> None:
         ctx.closers.append(summarizer.close)
     triggers = Triggers(turns=settings.memory_compress_turns, share=settings.memory_compress_share,
                         window_tokens=settings.memory_context_window_tokens)
-    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers))
+    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers, settings.memory_burst_limit))
     # Commands are taken in batches (one transaction per batch and tenant), not one by one through
     # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
-    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),
+    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in, settings.memory_burst_limit),
                              ctx.verifier, batch_size=ctx.settings.memory_batch_size,
                              block_ms=ctx.settings.memory_batch_block_ms,
                              # A command may hold a secret: once written (sealed), its entry is deleted, and a

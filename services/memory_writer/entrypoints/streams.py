@@ -17,6 +17,7 @@ from libs.errors import DomainError
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
+from services.memory_writer.domain.guard import BURST_LIMIT
 from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
@@ -26,7 +27,7 @@ __all__ = ["on_access", "on_write_batch", "scrub_command"]
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
 
-def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
+def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], burst_limit: int = BURST_LIMIT):
     async def handle(tenant_id: str, envelopes: list[Envelope],
                      conn: asyncpg.Connection) -> Sequence[BaseException | None]:
         outcomes: list[BaseException | None] = [None] * len(envelopes)
@@ -43,7 +44,8 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
         def caused_by(i: int) -> None:
             uow.causation = envelopes[index[i]]
 
-        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by)
+        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by,
+                                             burst_limit=burst_limit)
         for i, result in zip(index, results, strict=True):
             outcomes[i] = result if isinstance(result, BaseException) else None
         return outcomes

@@ -11,6 +11,7 @@ failing write alone is undone and reported.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -38,7 +39,7 @@ from services.memory_writer.domain import (
     normalized,
 )
 from services.memory_writer.domain.entities import check_schema
-from services.memory_writer.domain.guard import Signals, assess
+from services.memory_writer.domain.guard import BURST_LIMIT, Signals, assess
 from services.memory_writer.domain.similarity import (
     NEAR_THRESHOLD,
     bands,
@@ -46,7 +47,7 @@ from services.memory_writer.domain.similarity import (
     minhash,
     similarity,
 )
-from services.memory_writer.service_layer.unit_of_work import UnitOfWork
+from services.memory_writer.service_layer.unit_of_work import Lookups, UnitOfWork
 
 __all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
            "register_entity_schema", "write_batch", "write_memory"]
@@ -68,7 +69,8 @@ def _owned(cmd: WriteMemory, tenant_id: str) -> WriteMemory:
         if cmd.tenant_id and cmd.tenant_id != tenant_id:
             raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {tenant_id!r}",
                                    field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
-        cmd = replace(cmd, tenant_id=tenant_id)
+        if cmd.tenant_id != tenant_id:
+            cmd = replace(cmd, tenant_id=tenant_id)
     return cmd
 
 
@@ -87,10 +89,11 @@ BURST_WINDOW = timedelta(minutes=1)
 
 
 class _Recent:
-    """Writes per user in the last minute, measured once per unit and counted on as it writes."""
+    """Writes per user in the last minute, measured once per unit and counted on as it writes; `limit`
+    is how many the guard lets through before it quarantines the rest of a burst."""
 
-    def __init__(self, uow: UnitOfWork, now: datetime) -> None:
-        self.uow, self.now, self.counts = uow, now, {}
+    def __init__(self, uow: UnitOfWork, now: datetime, limit: int = BURST_LIMIT) -> None:
+        self.uow, self.now, self.counts, self.limit = uow, now, {}, limit
 
     async def take(self, tenant_id: str, user_id: str) -> int:
         if user_id not in self.counts:
@@ -100,16 +103,52 @@ class _Recent:
         return before
 
 
-async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
-                    recent: _Recent) -> WriteResult:
-    """One write inside `uow`. DomainErrors raised before anything is written are the write's own;
-    anything raised after is wrapped in _AfterWrite."""
+async def _prepared(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None) -> MemoryRecord:
+    """The validated record of `cmd` (ValidationFailed otherwise), with its keyed hashes if sensitive."""
     record = new_memory(cmd, now, schema)
     if record.sensitive_kind:  # compared and looked up by keyed hashes: the plaintext is sealed on add
         record = replace(
             record, content_hmac=await uow.keyed_hash(record.tenant_id, normalized(record.content)),
             sensitive_hashes=tuple([await uow.keyed_hash(record.tenant_id, normalized(v))
                                     for v in record.sensitive_values]))
+    return record
+
+
+def _digest(record: MemoryRecord) -> str:
+    return record.content_hmac or content_digest(record.content)
+
+
+@functools.lru_cache(maxsize=4096)  # a batch computes each signature twice: for its lookups, then to link
+def _signature(text: str) -> tuple[int, ...]:
+    return tuple(minhash(text))
+
+
+def _signature_of(record: MemoryRecord) -> list[int]:
+    return list(_signature(record.redacted if record.sensitive_kind else record.content))
+
+
+def _lookups(records: Sequence[MemoryRecord], now: datetime) -> Lookups:
+    """What `_write_in` will look up for `records` (a superset: a quarantined write looks up less)."""
+    lookups = Lookups(since=now - BURST_WINDOW)
+    for r in records:
+        lookups.users.add(r.user_id)
+        if r.idempotency_key:
+            lookups.idempotency_keys.add(r.idempotency_key)
+        if r.sensitive_kind:
+            lookups.sealing.add(r.user_id)
+        if r.key:
+            lookups.entity_keys.add((r.user_id, r.key))
+        else:
+            lookups.identical.add((r.user_id, int(r.layer), _digest(r)))
+            lookups.buckets.update((r.user_id, int(r.layer), b) for b in bands(_signature_of(r)))
+    return lookups
+
+
+async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    recent: _Recent, record: MemoryRecord | None = None) -> WriteResult:
+    """One write inside `uow` (`record`: its record if already prepared). DomainErrors raised before
+    anything is written are the write's own; anything raised after is wrapped in _AfterWrite."""
+    record = record or await _prepared(uow, cmd, now, schema)
     current = None
     if record.key:  # hold the key first: same-key writes are serialised, whatever their idempotency keys
         current = await uow.current_of(record.tenant_id, record.user_id, record.key)
@@ -126,7 +165,8 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
     contradicts = (decision is not None and decision.outcome is WriteStatus.CANDIDATE
                    and record.source is Source.MODEL_INFERENCE and current.confidence is Confidence.L1_STRONG)
     verdict = assess(record.content, Signals(source=int(record.source), contradicts_l1=contradicts,
-                                             recent_writes=await recent.take(record.tenant_id, record.user_id)))
+                                             recent_writes=await recent.take(record.tenant_id, record.user_id),
+                                             burst_limit=recent.limit))
     if verdict.quarantine:  # stored apart, announced without content, never served
         record = replace(record, status=Status.QUARANTINED, quarantine_reasons=verdict.reasons)
         decision = None
@@ -163,7 +203,7 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
 async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult | MemoryRecord:
     """An identical memory of the same user and layer absorbs the write (no second row); otherwise the
     record, linked to the memory it closely resembles, if any."""
-    digest = record.content_hmac or content_digest(record.content)
+    digest = _digest(record)
     existing = await uow.find_identical(record.tenant_id, record.user_id, int(record.layer), digest)
     if existing is not None:
         kept = replace(existing, engagement=existing.engagement + 1.0, merged_count=existing.merged_count + 1,
@@ -172,11 +212,13 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
         try:
             await uow.merge_into(kept)
             version = await uow.record(f"memory-{kept.memory_id}", ANY_VERSION, MemoryMerged(kept, record))
+            if record.idempotency_key:  # a retry of this write finds its result instead of merging again
+                await uow.add_merged_key(record.tenant_id, record.idempotency_key, kept.memory_id, record.request_hash)
         except Exception as exc:
             raise _AfterWrite(exc) from exc
         return WriteResult(kept.memory_id, duplicate=True, version=version, status=WriteStatus.MERGED,
                            must_confirm=kept.must_confirm)
-    signature = minhash(record.redacted if record.sensitive_kind else record.content)
+    signature = _signature_of(record)
     near = ""
     best = NEAR_THRESHOLD
     for memory_id, other in await uow.near_candidates(record.tenant_id, record.user_id, int(record.layer),
@@ -188,21 +230,22 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
 
 
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",
-                       now: datetime | None = None) -> WriteResult:
-    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
+                       now: datetime | None = None, burst_limit: int = BURST_LIMIT) -> WriteResult:
+    """Write one memory. `on_behalf_of` is the tenant a stream command was published under; `burst_limit`
+    the writes per user and minute the poisoning guard lets through."""
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
         try:
             now = now or datetime.now(UTC)
-            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now))
+            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, burst_limit))
         except _AfterWrite as exc:
             raise exc.cause from None
 
 
 async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], UnitOfWork], *, tenant_id: str,
-                      now: datetime | None = None,
-                      before_each: Callable[[int], None] | None = None) -> list[Outcome]:
+                      now: datetime | None = None, before_each: Callable[[int], None] | None = None,
+                      burst_limit: int = BURST_LIMIT) -> list[Outcome]:
     """Write `cmds` for `tenant_id` in one transaction; one outcome per command, in order.
 
     An outcome is the WriteResult, or the exception of that command (a DomainError saying what
@@ -215,15 +258,17 @@ async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], Uni
                                hint=f"send at most {MAX_BATCH} writes per batch")
     now = now or datetime.now(UTC)
     try:
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=False)
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, burst_limit, isolate=False)
     except _AfterWrite:
         # Rare: a write failed after touching the database, which spoils the transaction. Run the
         # batch again, each write in its own savepoint, so only that write is undone.
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=True)
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, burst_limit, isolate=True)
 
 
 async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, now: datetime,
-                 before_each: Callable[[int], None] | None, *, isolate: bool) -> list[Outcome]:
+                 before_each: Callable[[int], None] | None, burst_limit: int, *, isolate: bool) -> list[Outcome]:
+    """The batch in `uow`. Normally in batch mode (UnitOfWork.prefetch .. flush): its lookups in a few
+    statements, its writes held back and written together. `isolate`: write by write, each in a savepoint."""
     outcomes: list[Outcome | None] = [None] * len(cmds)
     owned: dict[int, WriteMemory] = {}
     for i, cmd in enumerate(cmds):
@@ -233,16 +278,25 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
-        recent = _Recent(uow, now)
+        recent = _Recent(uow, now, burst_limit)
+        prepared: dict[int, MemoryRecord] = {}
+        if not isolate:
+            for i, cmd in list(owned.items()):
+                try:
+                    # A microsecond apart: the batch's order stays the order of its records (session turns).
+                    prepared[i] = await _prepared(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key))
+                except DomainError as exc:  # refused before anything of it was written
+                    outcomes[i] = exc
+                    del owned[i]
+            await uow.prefetch(tenant_id, _lookups(list(prepared.values()), now))
         for i, cmd in owned.items():
             if before_each is not None:
                 before_each(i)
             scope = uow.savepoint() if isolate else contextlib.nullcontext()
             try:
                 async with scope:
-                    # A microsecond apart: the batch's order stays the order of its records (session turns).
                     outcomes[i] = await _write_in(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
-                                                  recent)
+                                                  recent, prepared.get(i))
             except DomainError as exc:  # refused before anything of it was written
                 outcomes[i] = exc
             except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error
@@ -252,6 +306,13 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
                 if not isolate:
                     raise _AfterWrite(cause) from cause
                 outcomes[i] = cause
+        if not isolate:
+            try:
+                await uow.flush()
+            except Exception as exc:  # noqa: BLE001 - a transient failure retries the batch; others isolate it
+                if is_transient(exc):
+                    raise
+                raise _AfterWrite(exc) from exc
     return outcomes  # type: ignore[return-value]
 
 
@@ -269,7 +330,8 @@ class CorrectEntity:
     requested_by: str = ""
 
 
-async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = None) -> WriteResult:
+async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = None,
+                  burst_limit: int = BURST_LIMIT) -> WriteResult:
     """A new L1 value for `key`: it supersedes the current value (whatever its level); the chain is kept."""
     if not cmd.key:
         raise ValidationFailed("is required", field="key", hint="name the entity key to correct, e.g. user.name")
@@ -280,7 +342,7 @@ async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = No
                         layer=cmd.layer or Layer.ENTITY, source=cmd.source, content=cmd.content, key=cmd.key,
                         confidence=Confidence.L1_STRONG, idempotency_key=cmd.idempotency_key,
                         reason=cmd.reason or "corrected", written_by=cmd.requested_by)
-    return await write_memory(write, uow, now=now)
+    return await write_memory(write, uow, now=now, burst_limit=burst_limit)
 
 
 @dataclass(frozen=True)

@@ -122,12 +122,10 @@ class BatchBuffer:
                     record.minhash
 
     def supersede(self, memory_id: str, by: str, at: datetime) -> None:
-        if memory_id in self.inserts:  # written earlier in this batch: its row goes in superseded
+        if memory_id in self.inserts:  # written earlier in this batch: its row goes in superseded (then updated)
             record, content, sealed = self.inserts[memory_id]
-            self.inserts[memory_id] = (replace(record, status=Status.SUPERSEDED, superseded_by=by, changed_at=at),
-                                       content, sealed)
-        else:
-            self.superseded[memory_id] = (by, at)
+            self.inserts[memory_id] = (replace(record, status=Status.SUPERSEDED), content, sealed)
+        self.superseded[memory_id] = (by, at)
         for key, record in list(self.current.items()):
             if record.memory_id == memory_id:
                 del self.current[key]
@@ -139,13 +137,7 @@ class BatchBuffer:
         for key, record in list(self.identical.items()):
             if record.memory_id == kept.memory_id:
                 self.identical[key] = kept
-        if kept.memory_id in self.inserts:
-            record, content, sealed = self.inserts[kept.memory_id]
-            self.inserts[kept.memory_id] = (
-                replace(record, engagement=kept.engagement, merged_count=kept.merged_count, tags=kept.tags,
-                        derived_from=kept.derived_from), content, sealed)
-        else:
-            self.merged[kept.memory_id] = kept
+        self.merged[kept.memory_id] = kept  # updated after the inserts: it may be a row of this batch
 
     def add_merged_key(self, idempotency_key: str, memory_id: str, request_hash: str) -> None:
         kept = next((r for r in self.identical.values() if r.memory_id == memory_id), None)
@@ -172,13 +164,15 @@ class BatchBuffer:
 
     async def flush(self, conn: asyncpg.Connection, store: EventStore, outbox: Outbox) -> None:
         tenant = self.tenant_id
-        if self.superseded:  # first: a key's new current value may only be inserted once the old one is not
-            await conn.executemany(
-                "UPDATE memories SET status = 3, superseded_by = $3::uuid, changed_at = $4"
-                " WHERE tenant_id = $1 AND memory_id = $2::uuid",
-                [(tenant, memory_id, by, at) for memory_id, (by, at) in self.superseded.items()])
+        supersede = ("UPDATE memories SET status = 3, superseded_by = $3::uuid, changed_at = $4"
+                     " WHERE tenant_id = $1 AND memory_id = $2::uuid")
+        stored = [(tenant, m, by, at) for m, (by, at) in self.superseded.items() if m not in self.inserts]
+        if stored:  # first: a key's new current value may only be inserted once the old one is not
+            await conn.executemany(supersede, stored)
         if self.inserts:
             await conn.executemany(INSERT, [insert_args(*row) for row in self.inserts.values()])
+        if fresh := [(tenant, m, by, at) for m, (by, at) in self.superseded.items() if m in self.inserts]:
+            await conn.executemany(supersede, fresh)  # rows of this batch, inserted superseded
         if self.merged:
             await conn.executemany(
                 "UPDATE memories SET engagement = $3, merged_count = $4, tags = $5, derived_from = $6"

@@ -20,7 +20,7 @@ from services.memory_writer.adapters.mapping import (
 )
 from services.memory_writer.domain import WriteResult
 from services.memory_writer.domain.compression import Triggers
-from services.memory_writer.domain.guard import BURST_LIMIT
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.compression import CompressSession, Summarizer, compress_session
 from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
@@ -65,12 +65,12 @@ def _detail(error: DomainError) -> common_pb2.ErrorDetail:
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS, burst_limit: int = BURST_LIMIT) -> None:
-        self.uow, self.summarizer, self.triggers, self.burst_limit = uow, summarizer, triggers, burst_limit
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY) -> None:
+        self.uow, self.summarizer, self.triggers, self.policy = uow, summarizer, triggers, policy
 
     async def Write(self, request, context):
         result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow(),
-                                             burst_limit=self.burst_limit)
+                                             policy=self.policy)
         return result_to_proto(result)
 
     async def WriteBatch(self, request, context):
@@ -81,7 +81,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
             raise ValidationFailed("is required", field="tenant.tenant_id", hint="say which tenant the writes are for")
         caller = _caller()
         outcomes = await handlers.write_batch([command_from_proto(w, caller) for w in request.writes], self.uow,
-                                              tenant_id=tenant, burst_limit=self.burst_limit)
+                                              tenant_id=tenant, policy=self.policy)
         results = []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, WriteResult):
@@ -112,7 +112,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
             key=request.key, content=request.content, reason=request.reason,
             source=request.source or handlers.CorrectEntity.source, layer=request.layer or handlers.CorrectEntity.layer,
             idempotency_key=request.idempotency_key, requested_by=_caller())
-        result = await handlers.correct(cmd, self.uow(), burst_limit=self.burst_limit)
+        result = await handlers.correct(cmd, self.uow(), policy=self.policy)
         return memory_pb2.CorrectResponse(memory_id=result.memory_id, supersedes=result.supersedes,
                                           duplicate=result.duplicate)
 
@@ -172,6 +172,6 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
 
 
 def registration(uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS, burst_limit: int = BURST_LIMIT) -> Registration:
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY) -> Registration:
     return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server,
-                        MemoryWriterServicer(uow, summarizer, triggers, burst_limit), "mnemesh.v1.MemoryWriter", SCOPES)
+                        MemoryWriterServicer(uow, summarizer, triggers, policy), "mnemesh.v1.MemoryWriter", SCOPES)

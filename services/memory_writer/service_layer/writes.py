@@ -39,7 +39,8 @@ from services.memory_writer.domain import (
     normalized,
 )
 from services.memory_writer.domain.entities import check_schema
-from services.memory_writer.domain.guard import BURST_LIMIT, Signals, assess
+from services.memory_writer.domain.guard import Signals, assess
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.domain.similarity import (
     NEAR_THRESHOLD,
     bands,
@@ -49,7 +50,7 @@ from services.memory_writer.domain.similarity import (
 )
 from services.memory_writer.service_layer.unit_of_work import Lookups, UnitOfWork
 
-__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
+__all__ = ["WritePolicy", "ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
            "register_entity_schema", "write_batch", "write_memory"]
 
 MAX_BATCH = 500
@@ -90,10 +91,11 @@ BURST_WINDOW = timedelta(minutes=1)
 
 class _Recent:
     """Writes per user in the last minute, measured once per unit and counted on as it writes; `limit`
-    is how many the guard lets through before it quarantines the rest of a burst."""
+    is how many the guard lets through before it quarantines the rest of a burst (the unit's `policy`'s)."""
 
-    def __init__(self, uow: UnitOfWork, now: datetime, limit: int = BURST_LIMIT) -> None:
-        self.uow, self.now, self.counts, self.limit = uow, now, {}, limit
+    def __init__(self, uow: UnitOfWork, now: datetime, policy: WritePolicy = DEFAULT_POLICY) -> None:
+        self.uow, self.now, self.counts, self.policy = uow, now, {}, policy
+        self.limit = policy.burst_limit
 
     async def take(self, tenant_id: str, user_id: str) -> int:
         if user_id not in self.counts:
@@ -103,9 +105,10 @@ class _Recent:
         return before
 
 
-async def _prepared(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None) -> MemoryRecord:
+async def _prepared(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    policy: WritePolicy = DEFAULT_POLICY) -> MemoryRecord:
     """The validated record of `cmd` (ValidationFailed otherwise), with its keyed hashes if sensitive."""
-    record = new_memory(cmd, now, schema)
+    record = new_memory(cmd, now, schema, contacts_sensitive=policy.contacts_sensitive(cmd.tenant_id))
     if record.sensitive_kind:  # compared and looked up by keyed hashes: the plaintext is sealed on add
         record = replace(
             record, content_hmac=await uow.keyed_hash(record.tenant_id, normalized(record.content)),
@@ -148,7 +151,7 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
                     recent: _Recent, record: MemoryRecord | None = None) -> WriteResult:
     """One write inside `uow` (`record`: its record if already prepared). DomainErrors raised before
     anything is written are the write's own; anything raised after is wrapped in _AfterWrite."""
-    record = record or await _prepared(uow, cmd, now, schema)
+    record = record or await _prepared(uow, cmd, now, schema, recent.policy)
     current = None
     if record.key:  # hold the key first: same-key writes are serialised, whatever their idempotency keys
         current = await uow.current_of(record.tenant_id, record.user_id, record.key)
@@ -230,22 +233,22 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
 
 
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",
-                       now: datetime | None = None, burst_limit: int = BURST_LIMIT) -> WriteResult:
-    """Write one memory. `on_behalf_of` is the tenant a stream command was published under; `burst_limit`
-    the writes per user and minute the poisoning guard lets through."""
+                       now: datetime | None = None, policy: WritePolicy = DEFAULT_POLICY) -> WriteResult:
+    """Write one memory. `on_behalf_of` is the tenant a stream command was published under; `policy` the
+    deployment's write rules (burst limit, tenants whose contacts are sensitive)."""
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
         try:
             now = now or datetime.now(UTC)
-            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, burst_limit))
+            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, policy))
         except _AfterWrite as exc:
             raise exc.cause from None
 
 
 async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], UnitOfWork], *, tenant_id: str,
                       now: datetime | None = None, before_each: Callable[[int], None] | None = None,
-                      burst_limit: int = BURST_LIMIT) -> list[Outcome]:
+                      policy: WritePolicy = DEFAULT_POLICY) -> list[Outcome]:
     """Write `cmds` for `tenant_id` in one transaction; one outcome per command, in order.
 
     An outcome is the WriteResult, or the exception of that command (a DomainError saying what
@@ -258,15 +261,15 @@ async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], Uni
                                hint=f"send at most {MAX_BATCH} writes per batch")
     now = now or datetime.now(UTC)
     try:
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, burst_limit, isolate=False)
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=False)
     except _AfterWrite:
         # Rare: a write failed after touching the database, which spoils the transaction. Run the
         # batch again, each write in its own savepoint, so only that write is undone.
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, burst_limit, isolate=True)
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=True)
 
 
 async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, now: datetime,
-                 before_each: Callable[[int], None] | None, burst_limit: int, *, isolate: bool) -> list[Outcome]:
+                 before_each: Callable[[int], None] | None, policy: WritePolicy, *, isolate: bool) -> list[Outcome]:
     """The batch in `uow`. Normally in batch mode (UnitOfWork.prefetch .. flush): its lookups in a few
     statements, its writes held back and written together. `isolate`: write by write, each in a savepoint."""
     outcomes: list[Outcome | None] = [None] * len(cmds)
@@ -278,13 +281,14 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
-        recent = _Recent(uow, now, burst_limit)
+        recent = _Recent(uow, now, policy)
         prepared: dict[int, MemoryRecord] = {}
         if not isolate:
             for i, cmd in list(owned.items()):
                 try:
                     # A microsecond apart: the batch's order stays the order of its records (session turns).
-                    prepared[i] = await _prepared(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key))
+                    prepared[i] = await _prepared(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
+                                                  policy)
                 except DomainError as exc:  # refused before anything of it was written
                     outcomes[i] = exc
                     del owned[i]
@@ -331,7 +335,7 @@ class CorrectEntity:
 
 
 async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = None,
-                  burst_limit: int = BURST_LIMIT) -> WriteResult:
+                  policy: WritePolicy = DEFAULT_POLICY) -> WriteResult:
     """A new L1 value for `key`: it supersedes the current value (whatever its level); the chain is kept."""
     if not cmd.key:
         raise ValidationFailed("is required", field="key", hint="name the entity key to correct, e.g. user.name")
@@ -342,7 +346,7 @@ async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = No
                         layer=cmd.layer or Layer.ENTITY, source=cmd.source, content=cmd.content, key=cmd.key,
                         confidence=Confidence.L1_STRONG, idempotency_key=cmd.idempotency_key,
                         reason=cmd.reason or "corrected", written_by=cmd.requested_by)
-    return await write_memory(write, uow, now=now, burst_limit=burst_limit)
+    return await write_memory(write, uow, now=now, policy=policy)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from libs.runtime import ServiceContext
 from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.llm import OpenAICompatibleSummarizer
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
+from services.memory_writer.adapters.stream_copies import RedisStreamCopies
 from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.domain.policy import WritePolicy
 from services.memory_writer.entrypoints import grpc_api, streams
@@ -43,7 +44,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
     triggers = Triggers(turns=settings.memory_compress_turns, share=settings.memory_compress_share,
                         window_tokens=settings.memory_context_window_tokens)
     policy = WritePolicy.of(settings.memory_burst_limit, settings.memory_sensitive_contacts)
-    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers, policy))
+    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers, policy, RedisStreamCopies(ctx.bus)))
     # Commands are taken in batches (one transaction per batch and tenant), not one by one through
     # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
     consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in, policy),

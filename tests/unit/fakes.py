@@ -150,6 +150,10 @@ class FakeUnitOfWork:
             raise CryptoError("the user's key is gone")
         return content
 
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        self.purged = (tenant_id, user_id, tuple(memory_ids))
+        return 0
+
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         return self.db.user_keys.pop((tenant_id, user_id), None) is not None
 

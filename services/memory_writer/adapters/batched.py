@@ -146,8 +146,9 @@ class BatchBuffer:
         self.merged_keys[idempotency_key] = (memory_id, request_hash)
 
     async def record(self, conn: asyncpg.Connection, stream_id: str, expected_version: int,
-                     envelope: Envelope) -> int:
-        """Hold `envelope` back for `stream_id`; return the version it will have."""
+                     envelope: Envelope, stored: Envelope | None = None) -> int:
+        """Hold `envelope` back for `stream_id` (`stored`: the event store's copy, if another); return the
+        version it will have."""
         stream = self.streams.get(stream_id)
         if stream is None:
             if expected_version == ANY_VERSION:  # an existing memory (a merge): its stream is held from now on
@@ -158,7 +159,7 @@ class BatchBuffer:
         elif expected_version not in (ANY_VERSION, stream.expected + len(stream.envelopes)):
             raise ValueError(f"stream {stream_id} is at version {stream.expected + len(stream.envelopes)} in this"
                              f" batch, not {expected_version}")
-        stream.envelopes.append(envelope)
+        stream.envelopes.append(stored or envelope)
         self.outbox.append(envelope)
         return stream.expected + len(stream.envelopes)
 

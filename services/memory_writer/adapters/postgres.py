@@ -7,11 +7,13 @@ SET LOCAL for the rest of the transaction; a call for another tenant is refused.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
+from google.protobuf import json_format
 
 from libs.crypto import open_sealed, seal
 from libs.db import Database, act_as, rowcount
@@ -297,8 +299,31 @@ class PostgresUnitOfWork:
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
         conn = await self._as(tenant_id)
+        stored = await self._kept(envelope, payload, event.record) if isinstance(event, MemoryWritten) else envelope
         if self._batch is not None:
-            return await self._batch.record(conn, stream_id, expected_version, envelope)
-        version = await self.store.append(conn, stream_id, expected_version, [envelope])
+            return await self._batch.record(conn, stream_id, expected_version, envelope, stored)
+        version = await self.store.append(conn, stream_id, expected_version, [stored])
         await self.outbox.add(conn, envelope)
         return version
+
+    async def _kept(self, envelope: Envelope, payload, record: MemoryRecord) -> Envelope:
+        """The event store's copy of a memory.written: its content only sealed under the user's data key,
+        so that once the user is forgotten (the key destroyed) the event log reveals nothing of it. The
+        published copy (outbox, stream) keeps the content the read side indexes, for as long as the
+        outbox keeps published rows (Forget removes the user's)."""
+        kept = type(payload)()
+        kept.CopyFrom(payload)
+        if not record.sensitive_kind:  # a sensitive record's plaintext is sealed already
+            key = await self._user_key(record.tenant_id, record.user_id, create=True)
+            kept.memory.sealed_content = seal(key, record.content.encode(), _aad(record))
+        kept.memory.content = ""
+        return dataclasses.replace(envelope, payload=json_format.MessageToJson(kept, indent=None))
+
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Delete the outbox rows (published or not) announcing memories of `user_id`, or `memory_ids`."""
+        status = await (await self._as(tenant_id)).execute(
+            "DELETE FROM outbox WHERE tenant_id = $1 AND fields->>'event_type' = 'memory.written' AND"
+            " (($2 <> '' AND (fields->>'payload')::jsonb #>> '{memory,tenant,userId}' = $2)"
+            " OR (fields->>'payload')::jsonb #>> '{memory,memoryId}' = ANY($3::text[]))",
+            tenant_id, user_id, memory_ids)
+        return rowcount(status)

@@ -23,7 +23,7 @@ from services.memory_writer.domain.compression import Triggers
 from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.compression import CompressSession, Summarizer, compress_session
-from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
+from services.memory_writer.service_layer.unit_of_work import StreamCopies, UnitOfWorkFactory
 
 __all__ = ["registration", "write_error"]
 
@@ -65,8 +65,10 @@ def _detail(error: DomainError) -> common_pb2.ErrorDetail:
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY) -> None:
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY,
+                 copies: StreamCopies | None = None) -> None:
         self.uow, self.summarizer, self.triggers, self.policy = uow, summarizer, triggers, policy
+        self.copies = copies
 
     async def Write(self, request, context):
         result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow(),
@@ -104,7 +106,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         cmd = handlers.ForgetMemory(request.tenant.tenant_id, request.tenant.user_id, request.memory_id,
                                     requested_by=principal.subject if principal else "",
                                     admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
-        return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
+        return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow(), self.copies))
 
     async def Correct(self, request, context):
         cmd = handlers.CorrectEntity(
@@ -172,6 +174,8 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
 
 
 def registration(uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY) -> Registration:
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY,
+                 copies: StreamCopies | None = None) -> Registration:
     return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server,
-                        MemoryWriterServicer(uow, summarizer, triggers, policy), "mnemesh.v1.MemoryWriter", SCOPES)
+                        MemoryWriterServicer(uow, summarizer, triggers, policy, copies), "mnemesh.v1.MemoryWriter",
+                        SCOPES)

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from services.memory_writer.domain import DomainEvent, MemoryRecord
 
-__all__ = ["Lookups", "UnitOfWork", "UnitOfWorkFactory"]
+__all__ = ["Lookups", "StreamCopies", "UnitOfWork", "UnitOfWorkFactory"]
 
 
 @dataclass
@@ -112,6 +112,9 @@ class UnitOfWork(Protocol):
     async def reveal(self, record: MemoryRecord) -> str:
         """The plaintext of a sensitive record (KeyShredded once its user was forgotten)."""
         ...
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`."""
+        ...
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         """Destroy the user's data key (crypto-shredding); False when there was none."""
         ...
@@ -122,3 +125,11 @@ class UnitOfWork(Protocol):
 
 class UnitOfWorkFactory(Protocol):
     def __call__(self) -> UnitOfWork: ...
+
+
+class StreamCopies(Protocol):
+    """The published copies of memory events (a Redis stream), outside any transaction."""
+
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Remove the memory.written copies of the memories of `user_id` (if given) or `memory_ids`."""
+        ...

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from libs.errors import Conflict, DomainError, IdempotencyKeyReused, NotFound, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.logs import get_logger
 from libs.transient import is_transient
 from services.memory_writer.domain import (
     Confidence,
@@ -54,6 +55,7 @@ __all__ = ["WritePolicy", "ConfirmMemory", "CorrectEntity", "KeyHistory", "Regis
            "register_entity_schema", "write_batch", "write_memory"]
 
 MAX_BATCH = 500
+log = get_logger(__name__)
 Outcome = WriteResult | BaseException
 
 
@@ -137,8 +139,7 @@ def _lookups(records: Sequence[MemoryRecord], now: datetime) -> Lookups:
         lookups.users.add(r.user_id)
         if r.idempotency_key:
             lookups.idempotency_keys.add(r.idempotency_key)
-        if r.sensitive_kind:
-            lookups.sealing.add(r.user_id)
+        lookups.sealing.add(r.user_id)  # every memory.written is stored sealed (see the unit of work)
         if r.key:
             lookups.entity_keys.add((r.user_id, r.key))
         else:
@@ -262,9 +263,10 @@ async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], Uni
     now = now or datetime.now(UTC)
     try:
         return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=False)
-    except _AfterWrite:
+    except _AfterWrite as exc:
         # Rare: a write failed after touching the database, which spoils the transaction. Run the
         # batch again, each write in its own savepoint, so only that write is undone.
+        log.warning("batch runs again write by write", tenant_id=tenant_id, writes=len(cmds), error=str(exc.cause))
         return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=True)
 
 

@@ -6,14 +6,15 @@ SET LOCAL for the rest of the transaction; a call for another tenant is refused.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
-from google.protobuf import json_format
 
 from libs.crypto import open_sealed, seal
 from libs.db import Database, act_as, rowcount
@@ -299,25 +300,24 @@ class PostgresUnitOfWork:
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
         conn = await self._as(tenant_id)
-        stored = await self._kept(envelope, payload, event.record) if isinstance(event, MemoryWritten) else envelope
+        stored = await self._kept(envelope, event.record) if isinstance(event, MemoryWritten) else envelope
         if self._batch is not None:
             return await self._batch.record(conn, stream_id, expected_version, envelope, stored)
         version = await self.store.append(conn, stream_id, expected_version, [stored])
         await self.outbox.add(conn, envelope)
         return version
 
-    async def _kept(self, envelope: Envelope, payload, record: MemoryRecord) -> Envelope:
+    async def _kept(self, envelope: Envelope, record: MemoryRecord) -> Envelope:
         """The event store's copy of a memory.written: its content only sealed under the user's data key,
         so that once the user is forgotten (the key destroyed) the event log reveals nothing of it. The
         published copy (outbox, stream) keeps the content the read side indexes, for as long as the
         outbox keeps published rows (Forget removes the user's)."""
-        kept = type(payload)()
-        kept.CopyFrom(payload)
+        kept = json.loads(envelope.payload)  # proto3 JSON: edited as such (cheaper than printing it again)
         if not record.sensitive_kind:  # a sensitive record's plaintext is sealed already
             key = await self._user_key(record.tenant_id, record.user_id, create=True)
-            kept.memory.sealed_content = seal(key, record.content.encode(), _aad(record))
-        kept.memory.content = ""
-        return dataclasses.replace(envelope, payload=json_format.MessageToJson(kept, indent=None))
+            kept["memory"]["sealedContent"] = base64.b64encode(seal(key, record.content.encode(), _aad(record))).decode()
+        kept["memory"].pop("content", None)
+        return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
 
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
         """Delete the outbox rows (published or not) announcing memories of `user_id`, or `memory_ids`."""

@@ -244,3 +244,63 @@ async def test_rotating_the_tenant_key_keeps_every_sensitive_memory_readable(wri
         for i, reply in enumerate(written):
             got = await api.Get(memory_pb2.GetMemoryRequest(memory_id=reply.memory_id), timeout=5)
             assert got.memory.content.endswith(f"{PASSWORD}{i}")
+
+
+async def test_a_secret_written_by_grpc_and_by_the_stream_is_not_in_the_retrievers_qdrant_payloads(
+    writer: Settings, tmp_path,
+) -> None:
+    """The retriever projects the writer's events into its embedded Qdrant shard: no secret in a payload
+    (read back through the engine) nor in any byte of the shard's files."""
+    from services.retriever.adapters.vectors import COLLECTION, EdgeVectorIndex
+
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        ids = [(await api.Write(request(f"my bank password is {PASSWORD} 别忘了"), timeout=10)).memory_id,
+               (await api.Write(request(ID_NUMBER, key="user.id_card"), timeout=10)).memory_id,
+               (await api.Write(request(PLAIN), timeout=10)).memory_id]
+    producer = issue_token(writer, subject="crm", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
+    client = redis.asyncio.from_url(writer.redis_url)
+    await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+        request(f"deploy with api key {API_KEY}"), event_type="memory.write_requested", tenant_id="acme",
+        credential=producer).to_fields())
+    await client.aclose()
+    written = [json.loads(e["payload"])["memory"]["memoryId"] for e in await events_published(writer, 4)
+               if e["event_type"] == "memory.written"]
+    ids += [m for m in written if m not in ids]  # the one written through the stream
+    assert len(ids) == 4
+
+    data = tmp_path / "retriever"
+    data.mkdir()
+    env = {**os.environ, "REDIS_URL": writer.redis_url, "DATABASE_URL": writer.database_url,
+           "MNEMESH_NAMESPACE": writer.namespace, "MNEMESH_DATA_DIR": str(data), "MNEMESH_EMBEDDER": "hash",
+           "MNEMESH_METRICS_ENABLED": "false", "MNEMESH_RETRIEVER_GRPC_PORT": str(free_port()),
+           "MNEMESH_LOG_LEVEL": "warning", "MNEMESH_JWT_SECRET": SECRET}
+    schema = f"{writer.namespace}_retriever"
+    with open(data / "retriever.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mnemesh", "serve", "retriever", env=env,
+                                                    stdout=log, stderr=log)
+    conn = await asyncpg.connect(writer.database_url)
+    try:
+        with anyio.fail_after(120):  # every memory projected: its vectors and payload written
+            while not (await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{schema}.documents_unprojected") and
+                       await conn.fetchval(f'SELECT count(*) FROM "{schema}".documents WHERE projected') == 4):
+                assert proc.returncode is None, (data / "retriever.log").read_text()[-2000:]
+                await anyio.sleep(0.1)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+    shard = next((data / "qdrant").glob(f"{COLLECTION}-*"))
+    index = EdgeVectorIndex(shard, dim=int(shard.name.rsplit("-", 1)[1]))
+    try:
+        payloads = index.retrieve("acme", ids)
+    finally:
+        index.close()
+    assert set(payloads) == set(ids)
+    assert payloads[ids[2]]["content"] == PLAIN  # a plain memory's payload carries its content (the test can see it)
+    raw = b"".join(p.read_bytes() for p in shard.rglob("*") if p.is_file())
+    for secret in SECRETS:
+        assert secret not in json.dumps(payloads, ensure_ascii=False), "a secret is in a Qdrant payload"
+        assert secret.encode() not in raw, "a secret is in the Qdrant shard's files"

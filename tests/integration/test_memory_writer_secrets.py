@@ -159,6 +159,13 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
     await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
         request(f"deploy with api key {API_KEY}"), event_type="memory.write_requested", tenant_id="acme",
         credential=producer).to_fields())
+    refused = request("my cousin lives at 9 Plum Court")
+    refused.layer = 99  # no such layer: dead-lettered, content and all (nothing sensitive to redact in it)
+    await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+        refused, event_type="memory.write_requested", tenant_id="acme", credential=producer).to_fields())
+    with anyio.fail_after(30):
+        while not await client.xlen(f"{writer.namespace}.{MEMORY_COMMANDS}.dead"):
+            await anyio.sleep(0.05)
     await client.aclose()
     events = await events_published(writer, 5)
 
@@ -184,6 +191,7 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
     assert len(sealed) == 3 and all(m["sealedContent"] and m["sensitiveHashes"] for m in sealed)
     # The published copy of a plain memory carries its content (the read side indexes it); the event store's
     # copy only the sealed form.
+    assert "9 Plum Court" in streams  # the dead letter keeps the refused command's content
     assert "17 Quince Lane" in streams and PLAIN not in "\n".join(
         r["payload"] for r in await rows_of(writer, "SELECT payload FROM events"))
 
@@ -207,6 +215,7 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
         # what is sealed can no longer be opened; another user's memory is untouched.
         dump, streams = pg_dump(writer), await redis_contents(writer)
         assert "17 Quince Lane" not in dump + streams and "桃花巷" not in dump  # (streams: JSON-escaped text)
+        assert "9 Plum Court" not in streams  # its dead-lettered command is gone too
         assert "3 Pear Road" in streams
     finally:
         await db.close()

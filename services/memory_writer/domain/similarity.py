@@ -54,7 +54,7 @@ def minhash(content: str) -> list[int]:
         return [_MASK] * PERMUTATIONS
     x = np.fromiter(shingles, dtype=np.uint64, count=len(shingles))
     hashed = (np.multiply.outer(_A, x) + _B[:, None]) >> np.uint64(32)  # uint64 arithmetic wraps mod 2^64
-    return [int(v) for v in hashed.min(axis=1)]
+    return hashed.min(axis=1).tolist()
 
 
 def bands(signature: list[int]) -> list[str]:

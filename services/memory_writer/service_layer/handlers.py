@@ -17,7 +17,7 @@ from services.memory_writer.service_layer.quarantine import (
     release,
 )
 from services.memory_writer.service_layer.unit_of_work import StreamCopies, UnitOfWork
-from services.memory_writer.service_layer.writes import (
+from services.memory_writer.service_layer.corrections import (
     ConfirmMemory,
     CorrectEntity,
     KeyHistory,
@@ -26,9 +26,8 @@ from services.memory_writer.service_layer.writes import (
     correct,
     history,
     register_entity_schema,
-    write_batch,
-    write_memory,
 )
+from services.memory_writer.service_layer.writes import write_batch, write_memory
 
 __all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
            "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",

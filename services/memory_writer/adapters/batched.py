@@ -51,7 +51,6 @@ class BatchBuffer:
     identical: dict[tuple[str, int, str], MemoryRecord] = field(default_factory=dict)
     buckets: dict[tuple[str, int, str], dict[str, tuple[int, ...]]] = field(default_factory=dict)
     recent: dict[str, int] = field(default_factory=dict)
-    user_keys: dict[str, bytes] = field(default_factory=dict)
     inserts: dict[str, tuple[MemoryRecord, str, bytes | None]] = field(default_factory=dict)
     superseded: dict[str, tuple[str, datetime]] = field(default_factory=dict)
     merged: dict[str, MemoryRecord] = field(default_factory=dict)

@@ -188,6 +188,10 @@ class Settings(BaseSettings):
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
+    memory_burst_limit: int = Field(120, ge=1, description="writes of one user per minute before the poisoning guard"
+                                    " quarantines the rest of the burst")
+    memory_sensitive_contacts: str = Field("", description="tenants whose phone numbers and e-mails are sensitive"
+                                           " (sealed, redacted): comma-separated tenant ids, or * for every tenant")
 
     # At most 3 s: a service then stops within 6.5 s, and `mnemesh run` as a whole within 10 s.
     shutdown_grace_seconds: float = Field(2.5, ge=0, le=3, description="time in-flight calls get to finish")

@@ -51,6 +51,34 @@ inserted AS (
 appended AS (SELECT max(version) AS version FROM inserted)
 SELECT version, CASE WHEN version IS NOT NULL THEN pg_notify($3, $1) END FROM appended
 """
+# Many streams in one statement: each stream's current version and feed place, checked against the
+# version its writer expects ($2, per event: the same for every event of a stream); if every stream is
+# where its writer expects, every event is inserted (none otherwise) in argument order (so outbox and feed order follow it), and each stream announced once.
+_APPEND_MANY = """
+WITH e AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[],
+                         $9::jsonb[], $10::timestamptz[])
+        WITH ORDINALITY AS e(stream_id, expected, event_id, event_type, schema_version, tenant_id, payload,
+                             metadata, occurred_at, ord)),
+s AS (SELECT stream_id, min(expected) AS expected FROM e GROUP BY stream_id),
+cur AS (
+    SELECT s.stream_id, s.expected, coalesce(p.version, 0) AS version, p.tx, p.pos
+    FROM s LEFT JOIN LATERAL (
+        SELECT version, coalesce(feed_tx, transaction_id) AS tx, coalesce(feed_pos, position) AS pos
+        FROM events WHERE events.stream_id = s.stream_id ORDER BY version DESC LIMIT 1) p ON true),
+inserted AS (
+    INSERT INTO events (stream_id, version, event_id, event_type, schema_version, tenant_id, payload, metadata,
+                        occurred_at, feed_tx, feed_pos)
+    SELECT e.stream_id, cur.version + row_number() OVER (PARTITION BY e.stream_id ORDER BY e.ord), e.event_id,
+           e.event_type, e.schema_version, e.tenant_id, e.payload, e.metadata, e.occurred_at,
+           CASE WHEN cur.tx > pg_current_xact_id() THEN cur.tx END,
+           CASE WHEN cur.tx > pg_current_xact_id() THEN cur.pos END
+    FROM e JOIN cur USING (stream_id)
+    WHERE NOT EXISTS (SELECT 1 FROM cur AS c WHERE c.expected <> -1 AND c.version <> c.expected)
+    ORDER BY e.ord
+    RETURNING stream_id, version)
+SELECT stream_id, max(version) AS version, pg_notify($3, stream_id) FROM inserted GROUP BY stream_id
+"""
 # Text forms: asyncpg has no codec for xid8, and text order would put "1000" before "999", so
 # the reader orders by the expressions and returns their text separately.
 _FEED_TX = "coalesce(feed_tx, transaction_id)"
@@ -151,6 +179,56 @@ class EventStore:
             raise Conflict(f"stream {stream_id} is at version {current}, not {expected_version}",
                            field="expected_version", hint="read the stream again and retry on the new version")
         return new_version
+
+    async def append_many(
+        self, conn: asyncpg.Connection, appends: Sequence[tuple[str, int, Sequence[Envelope]]]
+    ) -> list[int]:
+        """Append to many streams inside the caller's transaction, in one statement; return each append's
+        new stream version, in order.
+
+        `appends` holds (stream id, expected version, envelopes), each stream at most once; the versions
+        mean what they mean to `append`. Raises Conflict, and appends nothing, when any stream is not
+        at its expected version (the caller's transaction must then be rolled back).
+        """
+        if not appends:
+            return []
+        streams = [stream_id for stream_id, _, _ in appends]
+        if len(set(streams)) != len(streams):
+            raise ValueError("append_many takes each stream once: put all of a stream's events in one append")
+        for stream_id, expected, envelopes in appends:
+            if not envelopes:
+                raise ValueError(f"append to {stream_id} needs at least one event")
+            if expected < ANY_VERSION:
+                raise ValueError(f"expected_version must be {ANY_VERSION} (any) or a version >= 0, not {expected}")
+        anywhere = sorted(s for s, expected, _ in appends if expected == ANY_VERSION)
+        if anywhere:  # the lock `append` takes, in one order for every writer (no deadlock between two batches)
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('stream:' || s))"
+                               " FROM unnest($1::text[]) AS s ORDER BY s", anywhere)
+        flat = [(stream_id, expected, e) for stream_id, expected, envelopes in appends for e in envelopes]
+        try:
+            rows = await conn.fetch(
+                _APPEND_MANY, [f[0] for f in flat], [f[1] for f in flat], self.channel,
+                [f[2].event_id for f in flat], [f[2].event_type for f in flat], [f[2].schema_version for f in flat],
+                [f[2].tenant_id for f in flat], [f[2].payload for f in flat],
+                [{"correlation_id": f[2].correlation_id, "causation_id": f[2].causation_id,
+                  "traceparent": f[2].traceparent} for f in flat], [f[2].occurred_at for f in flat])
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == "events_event_id_key":
+                raise Conflict("an event with this event_id is already stored", field="event_id",
+                               retryable=False, hint="event ids are unique; this append was already done") from None
+            raise Conflict("another writer appended to one of the streams at the same time",
+                           field="expected_version", hint="read the streams again and retry") from None
+        versions = {row["stream_id"]: row["version"] for row in rows}
+        if len(versions) < len(streams):  # a stream was not at its expected version: nothing was inserted
+            currents = dict(await conn.fetch(
+                "SELECT stream_id, max(version) FROM events WHERE stream_id = ANY($1::text[]) GROUP BY stream_id",
+                streams))
+            behind = [(s, e) for s, e, _ in appends if e != ANY_VERSION and currents.get(s, 0) != e] or \
+                [(s, e) for s, e, _ in appends if e != ANY_VERSION]  # moved again since: name one that expected
+            stream_id, expected = behind[0]
+            raise Conflict(f"stream {stream_id} is at version {currents.get(stream_id, 0)}, not {expected}",
+                           field="expected_version", hint="read the stream again and retry on the new version")
+        return [versions[s] for s in streams]
 
     @staticmethod
     async def lock_stream(conn: asyncpg.Connection, stream_id: str) -> None:

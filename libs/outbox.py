@@ -53,14 +53,18 @@ class Outbox:
             stream or envelope.stream, envelope.event_id, envelope.to_fields(), envelope.tenant_id)
         await conn.execute("SELECT pg_notify($1, '')", self.channel)
 
-    async def add_many(self, conn: asyncpg.Connection, envelopes: list[Envelope]) -> None:
-        """`add` for several envelopes: one pipelined insert and one wake-up of the relay."""
+    async def add_many(self, conn: asyncpg.Connection, envelopes: list[Envelope], stream: str | None = None) -> None:
+        """Record many envelopes for publication, in order, with one statement and one notification;
+        call inside the (tenant-scoped) transaction of the change."""
         if not envelopes:
             return
-        await conn.executemany(
-            "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
-            [(e.stream, e.event_id, e.to_fields(), e.tenant_id) for e in envelopes])
-        await conn.execute("SELECT pg_notify($1, '')", self.channel)
+        await conn.execute(
+            "WITH added AS (INSERT INTO outbox (stream, event_id, fields, tenant_id)"
+            " SELECT s, e, f, t FROM unnest($1::text[], $2::uuid[], $3::jsonb[], $4::text[])"
+            " WITH ORDINALITY AS r(s, e, f, t, n) ORDER BY n RETURNING 1)"
+            " SELECT pg_notify($5, '') FROM (SELECT count(*) FROM added) AS c",
+            [stream or e.stream for e in envelopes], [e.event_id for e in envelopes],
+            [e.to_fields() for e in envelopes], [e.tenant_id for e in envelopes], self.channel)
 
     async def pending(self) -> int:
         async with self.db.system_transaction() as conn:

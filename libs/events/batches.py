@@ -32,9 +32,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from redis.exceptions import ResponseError
 
-from libs.auth import TokenVerifier
+from libs.auth import Principal, TokenVerifier
 from libs.db import ALL_TENANTS, Database
-from libs.errors import DomainError
+from libs.errors import DomainError, Unauthenticated
 from libs.events.bus import EventBus
 from libs.events.envelope import Envelope, MalformedEvent
 from libs.events.producers import admit
@@ -60,6 +60,26 @@ class _Entry:
     entry_id: str
     fields: dict[str, str]
     envelope: Envelope | None = None
+
+
+class _VerifiedOnce:
+    """The consumer's TokenVerifier for one batch: each distinct credential is verified once (a producer's
+    entries carry the same token), its outcome, principal or refusal, reused for the batch's other entries."""
+
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self.verifier, self.fetches_keys = verifier, verifier.fetches_keys
+        self._outcomes: dict[str | None, Principal | Unauthenticated] = {}
+
+    def verify(self, token: str | None) -> Principal:
+        if token not in self._outcomes:
+            try:
+                self._outcomes[token] = self.verifier.verify(token)
+            except Unauthenticated as exc:
+                self._outcomes[token] = exc
+        outcome = self._outcomes[token]
+        if isinstance(outcome, Unauthenticated):
+            raise Unauthenticated(outcome.reason, field=outcome.field, hint=outcome.hint)
+        return outcome
 
 
 def _text(value: bytes | str) -> str:
@@ -137,6 +157,7 @@ class BatchConsumer:
         """Handle entries as XREADGROUP returns them: [(entry id, {field: value} or None), ...]."""
         redis = await self.bus.redis()
         entries, done = [], []
+        verifier = _VerifiedOnce(self.verifier) if self.verifier is not None else None
         for entry_id, fields in raw:
             if fields is None:  # trimmed while pending: nothing left to handle
                 done.append(_text(entry_id))
@@ -156,7 +177,7 @@ class BatchConsumer:
                 if entry.envelope.tenant_id == ALL_TENANTS:
                     raise MalformedEvent(field="tenant_id", reason=f"{ALL_TENANTS!r} names no tenant",
                                          hint="publish with the tenant id of your token")
-                await admit(self.stream, entry.envelope, self.verifier)
+                await admit(self.stream, entry.envelope, verifier)
             except DomainError as exc:
                 await self._dead_letter(entry, exc, 1)
                 done.append(entry.entry_id)

@@ -14,7 +14,9 @@ from libs.runtime import ServiceContext
 from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.llm import OpenAICompatibleSummarizer
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
+from services.memory_writer.adapters.stream_copies import RedisStreamCopies
 from services.memory_writer.domain.compression import Triggers
+from services.memory_writer.domain.policy import WritePolicy
 from services.memory_writer.entrypoints import grpc_api, streams
 from services.memory_writer.entrypoints.sweeper import Sweeper
 from services.memory_writer.service_layer.upkeep import SweepPolicy
@@ -41,22 +43,23 @@ async def bootstrap(ctx: ServiceContext) -> None:
         ctx.closers.append(summarizer.close)
     triggers = Triggers(turns=settings.memory_compress_turns, share=settings.memory_compress_share,
                         window_tokens=settings.memory_context_window_tokens)
-    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers))
+    policy = WritePolicy.of(settings.memory_burst_limit, settings.memory_sensitive_contacts)
+    ctx.add_grpc(grpc_api.registration(uow, summarizer, triggers, policy, RedisStreamCopies(ctx.bus)))
     # Commands are taken in batches (one transaction per batch and tenant), not one by one through
     # ctx.subscribe: that is what lets the stream reach thousands of writes per second.
-    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in),
+    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in, policy),
                              ctx.verifier, batch_size=ctx.settings.memory_batch_size,
                              block_ms=ctx.settings.memory_batch_block_ms,
                              # A command may hold a secret: once written (sealed), its entry is deleted, and a
                              # dead-lettered one keeps only the redacted text.
-                             delete_handled=True, scrub=streams.scrub_command)
+                             delete_handled=True, scrub=streams.scrubber(policy))
     ctx.tasks.append(consumer.run)
 
-    policy = SweepPolicy(archive_after=timedelta(days=settings.memory_archive_after_days),
-                         half_life=timedelta(days=settings.memory_engagement_half_life_days))
-    ctx.subscribe(MEMORY_ACCESS, streams.on_access(uow_in, policy))
+    sweep = SweepPolicy(archive_after=timedelta(days=settings.memory_archive_after_days),
+                        half_life=timedelta(days=settings.memory_engagement_half_life_days))
+    ctx.subscribe(MEMORY_ACCESS, streams.on_access(uow_in, sweep))
     lease_client = redis.asyncio.from_url(settings.redis_url)
     ctx.closers.append(lease_client.aclose)
     lease = RedisLease(lease_client, ctx.bus.stream_name("mnemesh.memory-writer.sweeper"),
                        ttl_ms=int(max(settings.memory_sweep_seconds * 3, 10) * 1000))
-    ctx.tasks.append(Sweeper(ctx.db, uow, lease, policy, every_seconds=settings.memory_sweep_seconds).run)
+    ctx.tasks.append(Sweeper(ctx.db, uow, lease, sweep, every_seconds=settings.memory_sweep_seconds).run)

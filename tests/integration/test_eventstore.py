@@ -238,3 +238,31 @@ async def test_an_append_wakes_the_followers_of_its_stream_and_not_the_others(db
                 await store.append(conn, "x", 0, [event("for x")])
     assert got == [1]
     await store.close()
+
+
+async def test_append_many_appends_to_many_streams_at_once_and_numbers_each_gaplessly(db: Database) -> None:
+    store = EventStore(db)
+    async with db.transaction("t1") as conn:
+        await store.append(conn, "old", 0, [event("o1")])
+    async with db.transaction("t1") as conn:
+        versions = await store.append_many(conn, [("new-a", 0, [event("a1"), event("a2")]), ("new-b", 0, [event("b1")]),
+                                                  ("old", ANY_VERSION, [event("o2")])])
+    assert versions == [2, 1, 2]
+    assert [(e.version, e.envelope.message().text) for e in await store.read_stream("new-a")] == [(1, "a1"), (2, "a2")]
+    assert [e.envelope.message().text for e in await store.read_stream("old")] == ["o1", "o2"]
+    feed = await feed_once_settled(store, {"new-a", "new-b", "old"}, 5)
+    assert [e.envelope.message().text for e in feed] == ["o1", "a1", "a2", "b1", "o2"]  # argument order
+
+
+async def test_append_many_appends_nothing_when_one_stream_is_not_where_its_writer_expects(db: Database) -> None:
+    store = EventStore(db)
+    async with db.transaction("t1") as conn:
+        await store.append(conn, "taken", 0, [event("t1")])
+    with pytest.raises(Conflict) as caught:
+        async with db.transaction("t1") as conn:
+            await store.append_many(conn, [("fresh", 0, [event("f1")]), ("taken", 0, [event("t2")])])
+            assert await conn.fetchval("SELECT count(*) FROM events WHERE stream_id = 'fresh'") == 0
+    assert caught.value.field == "expected_version" and "taken is at version 1" in caught.value.reason
+    with pytest.raises(ValueError, match="each stream once"):
+        async with db.transaction("t1") as conn:
+            await store.append_many(conn, [("x", 0, [event("1")]), ("x", 1, [event("2")])])

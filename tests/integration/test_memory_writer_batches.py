@@ -123,6 +123,34 @@ async def test_write_batch_stores_the_good_writes_and_reports_the_bad_one_with_a
     assert [r["content"] for r in stored] == ["prefers aisle seats", "喜欢靠窗的座位"]
 
 
+async def test_one_batch_merges_supersedes_and_links_within_itself_and_a_merged_retry_merges_nothing(
+    writer: Settings,
+) -> None:
+    async with stub_for(writer) as ch:
+        stub = memory_pb2_grpc.MemoryWriterStub(ch)
+        first = await stub.WriteBatch(memory_pb2.WriteBatchRequest(writes=[
+            write("I prefer window seats on long flights."), write("i prefer WINDOW seats on long flights",
+                                                                    idempotency_key="m-1"),
+            entity("user.city", "Hangzhou"), entity("user.city", "Shanghai"),
+            write("I prefer window seats on long flights, and tea.")]), timeout=10)
+        retried = await stub.WriteBatch(memory_pb2.WriteBatchRequest(writes=[
+            write("i prefer WINDOW seats on long flights", idempotency_key="m-1")]), timeout=10)
+        again = await stub.Write(write("i prefer WINDOW seats on long flights", idempotency_key="m-1"), timeout=5)
+    kept, merged, city1, city2, near = [r.result for r in first.results]
+    assert merged.status == memory_pb2.WRITE_STATUS_MERGED and merged.memory_id == kept.memory_id
+    assert city2.supersedes == city1.memory_id and near.near_duplicate_of == kept.memory_id
+    for reply in (retried.results[0].result, again):
+        assert reply.status == memory_pb2.WRITE_STATUS_DUPLICATE and reply.memory_id == kept.memory_id
+    stored = {str(r["memory_id"]): r for r in await rows(writer, "SELECT memory_id, status, merged_count, engagement,"
+                                                                  " superseded_by FROM memories")}
+    assert len(stored) == 4  # the merged write stored no row
+    assert (stored[kept.memory_id]["merged_count"], stored[kept.memory_id]["engagement"]) == (1, 1.0)
+    assert str(stored[city1.memory_id]["superseded_by"]) == city2.memory_id
+    events = [r["event_type"] for r in await rows(writer, "SELECT event_type FROM events WHERE stream_id = $1"
+                                                          " ORDER BY version", f"memory-{kept.memory_id}")]
+    assert events == ["memory.written", "memory.merged"]
+
+
 async def test_correct_confirm_and_history_keep_the_chain_and_serve_the_current_value(writer: Settings) -> None:
     async with stub_for(writer) as ch:
         stub = memory_pb2_grpc.MemoryWriterStub(ch)

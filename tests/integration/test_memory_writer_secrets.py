@@ -46,6 +46,7 @@ PASSWORD = "Tr0ub4dor&3x-zebra"
 API_KEY = "sk-live-Q9pLmN4vX7rT2wK8sJ6h"
 ID_NUMBER = "33010619850713" + "123" + resident_id_check_digit("33010619850713123")
 SECRETS = (PASSWORD, API_KEY, ID_NUMBER)
+PLAIN = "my sister lives at 17 Quince Lane, 桃花巷"  # nothing sensitive, but the user's all the same
 
 
 @pytest.fixture
@@ -124,6 +125,15 @@ def pg_dump(settings: Settings) -> str:
                           check=True, capture_output=True, text=True).stdout
 
 
+async def rows_of(settings: Settings, query: str) -> list:
+    conn = await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": f"{settings.namespace}_memory_writer"})
+    try:
+        return await conn.fetch(query)
+    finally:
+        await conn.close()
+
+
 async def events_published(settings: Settings, count: int) -> list[dict]:
     client = redis.asyncio.from_url(settings.redis_url)
     try:
@@ -142,13 +152,22 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
         api = memory_pb2_grpc.MemoryWriterStub(ch)
         by_grpc = await api.Write(request(f"my bank password is {PASSWORD} 别忘了"), timeout=10)
         by_key = await api.Write(request(ID_NUMBER, key="user.id_card"), timeout=10)
+        plain = await api.Write(request(PLAIN), timeout=10)
+        other = await api.Write(request("my brother lives at 3 Pear Road", user="u2"), timeout=10)
     producer = issue_token(writer, subject="crm", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
     client = redis.asyncio.from_url(writer.redis_url)
     await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
         request(f"deploy with api key {API_KEY}"), event_type="memory.write_requested", tenant_id="acme",
         credential=producer).to_fields())
+    refused = request("my cousin lives at 9 Plum Court")
+    refused.layer = 99  # no such layer: dead-lettered, content and all (nothing sensitive to redact in it)
+    await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+        refused, event_type="memory.write_requested", tenant_id="acme", credential=producer).to_fields())
+    with anyio.fail_after(30):
+        while not await client.xlen(f"{writer.namespace}.{MEMORY_COMMANDS}.dead"):
+            await anyio.sleep(0.05)
     await client.aclose()
-    events = await events_published(writer, 3)
+    events = await events_published(writer, 5)
 
     async with stub(writer, ["memory:read"]) as ch:
         hidden = await memory_pb2_grpc.MemoryWriterStub(ch).Get(
@@ -167,8 +186,14 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
         assert secret not in dump, "a secret is in the database dump"
         assert secret not in streams, "a secret is in a Redis stream"
         assert secret not in logs, "a secret is in the log output"
-    sealed = [json.loads(e["payload"])["memory"] for e in events if e["event_type"] == "memory.written"]
-    assert all(m["sealedContent"] and m["sensitiveHashes"] for m in sealed)
+    sealed = [json.loads(e["payload"])["memory"] for e in events if e["event_type"] == "memory.written"
+              and json.loads(e["payload"])["memory"]["memoryId"] not in (plain.memory_id, other.memory_id)]
+    assert len(sealed) == 3 and all(m["sealedContent"] and m["sensitiveHashes"] for m in sealed)
+    # The published copy of a plain memory carries its content (the read side indexes it); the event store's
+    # copy only the sealed form.
+    assert "9 Plum Court" in streams  # the dead letter keeps the refused command's content
+    assert "17 Quince Lane" in streams and PLAIN not in "\n".join(
+        r["payload"] for r in await rows_of(writer, "SELECT payload FROM events"))
 
     keys = KeyRing(LocalKeyFile(writer.data_dir / "master.key"))
     db = Database(writer.database_url, f"{writer.namespace}_memory_writer")
@@ -179,13 +204,19 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_nowhere_in_plaintex
         async with stub(writer, ["*"], subject="operator") as ch:
             forgotten = await memory_pb2_grpc.MemoryWriterStub(ch).Forget(
                 memory_pb2.ForgetRequest(tenant=common_pb2.TenantContext(user_id="u1")), timeout=10)
-        assert forgotten.forgotten == 3
+        assert forgotten.forgotten == 4
         async with db.transaction("acme") as conn:
             with pytest.raises(KeyShredded):
                 await keys.user_key(conn, "acme", "u1", create=False)
             stored = await conn.fetch("SELECT payload FROM events WHERE event_type = 'memory.written'")
-        assert len(stored) == 3 and all(base64.b64decode(json.loads(r["payload"])["memory"]["sealedContent"])
-                                        for r in stored)
+        assert len(stored) == 5 and all(base64.b64decode(json.loads(r["payload"])["memory"]["sealedContent"])
+                                        and not json.loads(r["payload"])["memory"].get("content") for r in stored)
+        # Forgotten: the user's content is in no store the writer has (event store, outbox, streams), and
+        # what is sealed can no longer be opened; another user's memory is untouched.
+        dump, streams = pg_dump(writer), await redis_contents(writer)
+        assert "17 Quince Lane" not in dump + streams and "桃花巷" not in dump  # (streams: JSON-escaped text)
+        assert "9 Plum Court" not in streams  # its dead-lettered command is gone too
+        assert "3 Pear Road" in streams
     finally:
         await db.close()
     async with stub(writer, ["*"]) as ch:
@@ -222,3 +253,63 @@ async def test_rotating_the_tenant_key_keeps_every_sensitive_memory_readable(wri
         for i, reply in enumerate(written):
             got = await api.Get(memory_pb2.GetMemoryRequest(memory_id=reply.memory_id), timeout=5)
             assert got.memory.content.endswith(f"{PASSWORD}{i}")
+
+
+async def test_a_secret_written_by_grpc_and_by_the_stream_is_not_in_the_retrievers_qdrant_payloads(
+    writer: Settings, tmp_path,
+) -> None:
+    """The retriever projects the writer's events into its embedded Qdrant shard: no secret in a payload
+    (read back through the engine) nor in any byte of the shard's files."""
+    from services.retriever.adapters.vectors import COLLECTION, EdgeVectorIndex
+
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        ids = [(await api.Write(request(f"my bank password is {PASSWORD} 别忘了"), timeout=10)).memory_id,
+               (await api.Write(request(ID_NUMBER, key="user.id_card"), timeout=10)).memory_id,
+               (await api.Write(request(PLAIN), timeout=10)).memory_id]
+    producer = issue_token(writer, subject="crm", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
+    client = redis.asyncio.from_url(writer.redis_url)
+    await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+        request(f"deploy with api key {API_KEY}"), event_type="memory.write_requested", tenant_id="acme",
+        credential=producer).to_fields())
+    await client.aclose()
+    written = [json.loads(e["payload"])["memory"]["memoryId"] for e in await events_published(writer, 4)
+               if e["event_type"] == "memory.written"]
+    ids += [m for m in written if m not in ids]  # the one written through the stream
+    assert len(ids) == 4
+
+    data = tmp_path / "retriever"
+    data.mkdir()
+    env = {**os.environ, "REDIS_URL": writer.redis_url, "DATABASE_URL": writer.database_url,
+           "MNEMESH_NAMESPACE": writer.namespace, "MNEMESH_DATA_DIR": str(data), "MNEMESH_EMBEDDER": "hash",
+           "MNEMESH_METRICS_ENABLED": "false", "MNEMESH_RETRIEVER_GRPC_PORT": str(free_port()),
+           "MNEMESH_LOG_LEVEL": "warning", "MNEMESH_JWT_SECRET": SECRET}
+    schema = f"{writer.namespace}_retriever"
+    with open(data / "retriever.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mnemesh", "serve", "retriever", env=env,
+                                                    stdout=log, stderr=log)
+    conn = await asyncpg.connect(writer.database_url)
+    try:
+        with anyio.fail_after(120):  # every memory projected: its vectors and payload written
+            while not (await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{schema}.documents_unprojected") and
+                       await conn.fetchval(f'SELECT count(*) FROM "{schema}".documents WHERE projected') == 4):
+                assert proc.returncode is None, (data / "retriever.log").read_text()[-2000:]
+                await anyio.sleep(0.1)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+    shard = next((data / "qdrant").glob(f"{COLLECTION}-*"))
+    index = EdgeVectorIndex(shard, dim=int(shard.name.rsplit("-", 1)[1]))
+    try:
+        payloads = index.retrieve("acme", ids)
+    finally:
+        index.close()
+    assert set(payloads) == set(ids)
+    assert payloads[ids[2]]["content"] == PLAIN  # a plain memory's payload carries its content (the test can see it)
+    raw = b"".join(p.read_bytes() for p in shard.rglob("*") if p.is_file())
+    for secret in SECRETS:
+        assert secret not in json.dumps(payloads, ensure_ascii=False), "a secret is in a Qdrant payload"
+        assert secret.encode() not in raw, "a secret is in the Qdrant shard's files"

@@ -307,3 +307,18 @@ async def test_a_deposed_leader_whose_publish_hung_cannot_publish_after_its_succ
     await hung_bus.stop()
     assert texts == ["v1", "v2"], "the deposed leader published after its successor"
     assert first.event_id
+
+
+async def test_add_many_records_every_envelope_in_order_and_they_are_published_in_that_order(
+        tables: Database, redis_url: str, unique: str) -> None:
+    outbox, bus = Outbox(tables), EventBus(redis_url, consumer_name="relay")
+    stream = f"{unique}.many"
+    sent = [envelope(f"m{i}") for i in range(5)]
+    async with tables.transaction("t1") as conn:
+        await outbox.add_many(conn, sent, stream=stream)
+    async with relay_of(outbox, bus) as relay:
+        assert await relay.publish_pending() == 5
+    entries = await (await bus.redis()).xrange(bus.stream_name(stream))
+    assert [Envelope.from_fields({k.decode(): v.decode() for k, v in f.items()}).event_id for _, f in entries] == \
+        [e.event_id for e in sent]
+    await bus.stop()

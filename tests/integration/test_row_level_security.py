@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 # Every tenant-owned table, by the migrations that create it.
 TABLES = {"services.memory_writer": ["events", "outbox", "memories", "entity_schemas", "tenant_keys",
-                                     "user_keys", "memory_buckets"],
+                                     "user_keys"],
           "services.retriever": ["events", "outbox", "documents", "tombstones"]}
 
 
@@ -44,12 +44,6 @@ async def insert_row(conn: asyncpg.Connection, table: str, tenant: str, store: E
     elif table == "user_keys":
         await conn.execute("INSERT INTO user_keys (tenant_id, user_id, wrapped, tenant_version) VALUES ($1, $2,"
                            " '\\x00', 1)", tenant, uuid.uuid4().hex)
-    elif table == "memory_buckets":
-        memory_id = uuid.uuid4()
-        await conn.execute("INSERT INTO memories (memory_id, tenant_id, user_id, layer, source, content, confidence,"
-                           " created_at) VALUES ($1, $2, 'u', 5, 2, 'c', 1, $3)", memory_id, tenant, now)
-        await conn.execute("INSERT INTO memory_buckets (tenant_id, user_id, layer, bucket, memory_id)"
-                           " VALUES ($1, 'u', 5, '0:x', $2)", tenant, memory_id)
     elif table == "entity_schemas":
         await conn.execute("INSERT INTO entity_schemas (tenant_id, key, schema) VALUES ($1, $2, '{}')", tenant,
                            f"k.{uuid.uuid4().hex[:8]}")
@@ -76,8 +70,6 @@ async def test_a_query_without_a_tenant_filter_returns_only_the_callers_rows(
             async with db.transaction(tenant) as conn:
                 await insert_row(conn, table, tenant, store, outbox)
             owned[table, tenant] += 1
-            if table == "memory_buckets":  # a bucket belongs to a memory, inserted with it
-                owned["memories", tenant] += 1
         for _ in range(20):
             table, caller = rng.choice(TABLES[package]), rng.choice(tenants)
             async with db.transaction(caller) as conn:

@@ -41,6 +41,7 @@ class MemoryDatabase:
     published: list[tuple[str, DomainEvent]] = field(default_factory=list)
     schemas: dict[tuple[str, str], dict] = field(default_factory=dict)
     user_keys: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, user) -> a key id
+    merged_keys: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # -> (memory id, hash)
 
 
 class FakeUnitOfWork:
@@ -64,18 +65,27 @@ class FakeUnitOfWork:
         assert not (self.committed or self.rolled_back), "a unit of work is used for one message only"
         self._rows = dict(self.db.rows)
         self._streams = {k: list(v) for k, v in self.db.streams.items()}
+        self._merged_keys = dict(self.db.merged_keys)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if exc and exc[0] is not None:
             self.rolled_back = True
             return
-        self.db.rows, self.db.streams = self._rows, self._streams
+        self.db.rows, self.db.streams, self.db.merged_keys = self._rows, self._streams, self._merged_keys
         self.db.published.extend(self.events)
         self.committed = True
 
     async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None:
-        return next((r for r in self._rows.values() if r.tenant_id == tenant_id and r.idempotency_key == key), None)
+        written = next((r for r in self._rows.values() if r.tenant_id == tenant_id and r.idempotency_key == key), None)
+        if written is None and (tenant_id, key) in self._merged_keys:
+            memory_id, request_hash = self._merged_keys[(tenant_id, key)]
+            return replace(self._rows[memory_id], request_hash=request_hash) if memory_id in self._rows else None
+        return written
+
+    async def add_merged_key(self, tenant_id: str, idempotency_key: str, memory_id: str, request_hash: str) -> None:
+        assert (tenant_id, idempotency_key) not in self._merged_keys, "the key is the table's primary key"
+        self._merged_keys[(tenant_id, idempotency_key)] = (memory_id, request_hash)
 
     async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
         record = self._rows.get(memory_id)
@@ -140,6 +150,10 @@ class FakeUnitOfWork:
             raise CryptoError("the user's key is gone")
         return content
 
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        self.purged = (tenant_id, user_id, tuple(memory_ids))
+        return 0
+
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         return self.db.user_keys.pop((tenant_id, user_id), None) is not None
 
@@ -155,13 +169,21 @@ class FakeUnitOfWork:
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
         return [r.memory_id for r in self._rows.values() if r.tenant_id == tenant_id and r.user_id == user_id]
 
+    async def prefetch(self, tenant_id: str, lookups) -> None:
+        """Nothing to load: the fake answers every lookup from memory and writes at once."""
+        self.prefetched = lookups
+
+    async def flush(self) -> None:
+        self.flushes = getattr(self, "flushes", 0) + 1
+
     @contextlib.asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
         rows, streams, events = dict(self._rows), {k: list(v) for k, v in self._streams.items()}, list(self.events)
+        merged_keys = dict(self._merged_keys)
         try:
             yield
         except BaseException:
-            self._rows, self._streams, self.events = rows, streams, events
+            self._rows, self._streams, self.events, self._merged_keys = rows, streams, events, merged_keys
             raise
 
     async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:

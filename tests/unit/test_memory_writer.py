@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +19,8 @@ from services.memory_writer.domain import (
     WriteMemory,
     new_memory,
 )
+from services.memory_writer.domain.policy import WritePolicy
+from services.memory_writer.entrypoints.streams import scrub_command
 from services.memory_writer.service_layer.handlers import (
     ForgetMemory,
     GetMemory,
@@ -326,3 +329,18 @@ async def test_forget_with_nobody_to_forget_is_refused(db: MemoryDatabase) -> No
     with pytest.raises(ValidationFailed) as err:
         await forget(ForgetMemory("acme", ""), FakeUnitOfWork(db))
     assert err.value.field == "tenant.user_id"
+
+
+async def test_phones_and_emails_are_sealed_only_for_tenants_whose_policy_makes_them_sensitive(db) -> None:
+    policy = WritePolicy.of(120, "acme, initech")
+    content = "call me on 138 1234 5678 or mail zhang.wei@example.cn"
+    strict = await write_memory(a_write(content=content), FakeUnitOfWork(db), now=NOW, policy=policy)
+    relaxed = await write_memory(a_write(tenant_id="globex", content=content), FakeUnitOfWork(db), now=NOW,
+                                 policy=policy)
+    sealed, plain = db.rows[strict.memory_id], db.rows[relaxed.memory_id]
+    assert sealed.sensitive_kind and "13812345678" not in sealed.content and "example.cn" not in sealed.content
+    assert not plain.sensitive_kind and plain.content == content
+    assert WritePolicy.of(120, "*").contacts_sensitive("anyone") and not WritePolicy().contacts_sensitive("acme")
+    fields = {"tenant_id": "acme", "payload": json.dumps({"content": content})}
+    assert "13812345678" not in scrub_command(fields, policy)["payload"].replace(" ", "")
+    assert scrub_command({**fields, "tenant_id": "globex"}, policy) == {**fields, "tenant_id": "globex"}

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
 from fakes import FakeUnitOfWork, MemoryDatabase
 from hypothesis import given
 from hypothesis import strategies as st
 
+from libs.errors import IdempotencyKeyReused
 from services.memory_writer.domain import Layer, MemoryMerged, Source, WriteMemory, WriteStatus
 from services.memory_writer.domain.similarity import NEAR_THRESHOLD, content_digest, minhash, similarity
 from services.memory_writer.service_layer.handlers import write_memory
@@ -32,6 +34,20 @@ async def test_an_identical_memory_is_merged_into_the_first_with_its_provenance_
     assert kept.tags == ("travel", "seats") and kept.derived_from == ("msg-9",)
     merged = [e for _, e in db.published if isinstance(e, MemoryMerged)]
     assert merged and merged[0].write.source is Source.AUTHORITATIVE_API
+
+
+async def test_a_merged_write_retried_with_its_idempotency_key_is_answered_without_merging_again() -> None:
+    db = MemoryDatabase()
+    first = await write_memory(a_write("I prefer window seats."), FakeUnitOfWork(db), now=NOW)
+    merged = await write_memory(a_write("i prefer window seats", idempotency_key="k-2"), FakeUnitOfWork(db), now=NOW)
+    retried = await write_memory(a_write("i prefer window seats", idempotency_key="k-2"), FakeUnitOfWork(db), now=NOW)
+    assert merged.status is WriteStatus.MERGED and retried.memory_id == first.memory_id
+    assert retried.status is WriteStatus.DUPLICATE and retried.duplicate
+    kept = db.rows[first.memory_id]
+    assert kept.merged_count == 1 and kept.engagement == 1.0  # one merge, one engagement bump
+    assert len([e for _, e in db.published if isinstance(e, MemoryMerged)]) == 1
+    with pytest.raises(IdempotencyKeyReused):  # the key is taken by that write: new content needs a new key
+        await write_memory(a_write("something else", idempotency_key="k-2"), FakeUnitOfWork(db), now=NOW)
 
 
 async def test_identical_content_in_another_layer_or_of_another_user_is_not_merged() -> None:

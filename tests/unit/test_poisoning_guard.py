@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeUnitOfWork, MemoryDatabase
 
+from libs.config import load_settings
 from libs.errors import NotFound
 from services.memory_writer.domain import (
     Layer,
@@ -24,6 +25,7 @@ from services.memory_writer.domain import (
     WriteStatus,
 )
 from services.memory_writer.domain.guard import BURST_LIMIT, Signals, assess, injected
+from services.memory_writer.domain.policy import WritePolicy
 from services.memory_writer.service_layer.handlers import (
     DropQuarantined,
     ListQuarantine,
@@ -119,3 +121,11 @@ async def test_a_released_memory_is_announced_and_served_a_dropped_one_is_gone()
     assert kinds[-3:] == [MemoryReleased, MemoryWritten, MemoryForgotten]
     with pytest.raises(NotFound):
         await release(ReleaseQuarantined("acme", kept.memory_id), FakeUnitOfWork(db), now=NOW)
+
+
+async def test_the_burst_limit_is_the_deployments_setting_not_a_constant() -> None:
+    db = MemoryDatabase()
+    outcomes = await write_batch([a_write(f"fact {i}") for i in range(8)], lambda: FakeUnitOfWork(db),
+                                 tenant_id="acme", now=NOW, policy=WritePolicy(burst_limit=5))
+    assert [o.status for o in outcomes] == [WriteStatus.STORED] * 5 + [WriteStatus.QUARANTINED] * 3
+    assert load_settings(memory_burst_limit=30).memory_burst_limit == 30

@@ -14,7 +14,12 @@ import asyncpg
 
 from libs.crypto import CryptoError, KeyProvider, new_key, open_sealed, seal
 
-__all__ = ["KeyRing", "KeyShredded"]
+__all__ = ["KeyRing", "KeyShredded", "keyed"]
+
+
+def keyed(search_key: bytes, value: str) -> str:
+    """HMAC-SHA256 of `value` under a tenant's search key."""
+    return hmac.new(search_key, value.encode(), hashlib.sha256).hexdigest()
 
 
 class KeyShredded(CryptoError):
@@ -35,6 +40,8 @@ class KeyRing:
         return f"mnemesh/user/{tenant_id}/{user_id}".encode()
 
     async def _load(self, conn: asyncpg.Connection, tenant_id: str, version: int | None) -> tuple[int, bytes, bytes]:
+        if version is not None and (tenant_id, version) in self._tenant:  # a version never changes
+            return (version, *self._tenant[(tenant_id, version)])
         query = "SELECT version, wrapped, search_wrapped FROM tenant_keys WHERE tenant_id = $1"
         row = await (conn.fetchrow(query + " AND version = $2", tenant_id, version) if version is not None else
                      conn.fetchrow(query + " ORDER BY version DESC LIMIT 1", tenant_id))
@@ -57,8 +64,35 @@ class KeyRing:
 
     async def keyed_hash(self, conn: asyncpg.Connection, tenant_id: str, value: str) -> str:
         """HMAC-SHA256 of `value` under the tenant's search key: equal values, equal hashes; nothing else."""
+        return keyed(await self.search_key(conn, tenant_id), value)
+
+    async def search_key(self, conn: asyncpg.Connection, tenant_id: str) -> bytes:
+        """The tenant's search key (the same across tenant key versions), for `keyed`."""
         _, _, search = await self._load(conn, tenant_id, None)
-        return hmac.new(search, value.encode(), hashlib.sha256).hexdigest()
+        return search
+
+    async def user_keys(self, conn: asyncpg.Connection, tenant_id: str, user_ids: list[str]) -> dict[str, bytes]:
+        """The data keys of `user_ids`, created for those who have none, in at most three statements."""
+        found = await self._user_keys_of(conn, tenant_id, user_ids)
+        missing = sorted(set(user_ids) - set(found))
+        if missing:
+            version, tenant_key, _ = await self._load(conn, tenant_id, None)
+            await conn.execute(
+                "INSERT INTO user_keys (tenant_id, user_id, wrapped, tenant_version)"
+                " SELECT $1, u, w, $4 FROM unnest($2::text[], $3::bytea[]) AS k(u, w) ON CONFLICT DO NOTHING",
+                tenant_id, missing, [seal(tenant_key, new_key(), self._user_ctx(tenant_id, u)) for u in missing],
+                version)
+            found.update(await self._user_keys_of(conn, tenant_id, missing))  # a concurrent writer's, if it won
+        return found
+
+    async def _user_keys_of(self, conn: asyncpg.Connection, tenant_id: str, user_ids: list[str]) -> dict[str, bytes]:
+        rows = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys WHERE tenant_id = $1"
+                                " AND user_id = ANY($2::text[])", tenant_id, user_ids)
+        keys = {}
+        for row in rows:
+            _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
+            keys[row["user_id"]] = open_sealed(tenant_key, row["wrapped"], self._user_ctx(tenant_id, row["user_id"]))
+        return keys
 
     async def user_key(self, conn: asyncpg.Connection, tenant_id: str, user_id: str, *, create: bool) -> bytes:
         row = await conn.fetchrow("SELECT wrapped, tenant_version FROM user_keys WHERE tenant_id = $1 AND user_id = $2",

@@ -6,7 +6,10 @@ SET LOCAL for the rest of the transaction; a call for another tenant is refused.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -18,48 +21,23 @@ from libs.db import Database, act_as, rowcount
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
-from services.memory_writer.adapters.keys import KeyRing
+from services.memory_writer.adapters.batched import BatchBuffer
+from services.memory_writer.adapters.keys import KeyRing, keyed
 from services.memory_writer.adapters.mapping import event_to_proto
+from services.memory_writer.adapters.rows import INSERT as _INSERT
+from services.memory_writer.adapters.rows import BY_IDEMPOTENCY_KEY, MERGED_KEY, by_idempotency_key, insert_args
+from services.memory_writer.adapters.rows import record_of as _record
 from services.memory_writer.domain import (
-    Confidence,
     DomainEvent,
-    Layer,
     MemoryRecord,
     MemoryWritten,
-    Source,
-    Status,
 )
-from services.memory_writer.domain.similarity import bands
+from services.memory_writer.domain.similarity import lsh_key
+from services.memory_writer.service_layer.unit_of_work import Lookups
 
 __all__ = ["PostgresUnitOfWork"]
 
-_INSERT = (
-    "INSERT INTO memories (memory_id, tenant_id, user_id, session_id, layer, source, content, key, confidence,"
-    " engagement, tags, derived_from, step_id, attributes, created_at, expires_at, idempotency_key, request_hash,"
-    " status, written_by, reason, sensitive_kind, sealed, content_hmac, sensitive_hashes, quarantine_reasons,"
-    " content_digest, minhash, near_duplicate_of)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,"
-    " $22, $23, $24, $25, $26, $27, $28, $29::uuid)"
-    " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-)
-
-
-def _record(row: asyncpg.Record) -> MemoryRecord:
-    return MemoryRecord(
-        memory_id=str(row["memory_id"]), tenant_id=row["tenant_id"], user_id=row["user_id"],
-        session_id=row["session_id"], layer=Layer(row["layer"]), source=Source(row["source"]),
-        content=row["content"], key=row["key"], confidence=Confidence(row["confidence"]), tags=tuple(row["tags"]),
-        derived_from=tuple(row["derived_from"]), step_id=row["step_id"], created_at=row["created_at"],
-        expires_at=row["expires_at"], idempotency_key=row["idempotency_key"] or "", attributes=row["attributes"],
-        engagement=row["engagement"], request_hash=row["request_hash"] or "", status=Status(row["status"]),
-        superseded_by=str(row["superseded_by"] or ""), changed_at=row["changed_at"], written_by=row["written_by"],
-        reason=row["reason"], sensitive_kind=row["sensitive_kind"],
-        redacted=row["content"] if row["sensitive_kind"] else "", sealed=row["sealed"] or b"",
-        content_hmac=row["content_hmac"], sensitive_hashes=tuple(row["sensitive_hashes"]),
-        quarantine_reasons=tuple(row["quarantine_reasons"]), content_digest=row["content_digest"],
-        minhash=tuple(row["minhash"] or ()), near_duplicate_of=str(row["near_duplicate_of"] or ""),
-        merged_count=row["merged_count"],
-    )
+_ON_CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 
 
 def _aad(record: MemoryRecord) -> bytes:
@@ -75,6 +53,8 @@ class PostgresUnitOfWork:
         self.db, self.store, self.outbox, self.keys = db, store, outbox, keys
         self._user_keys: dict[str, bytes] = {}  # this unit's user data keys; never kept beyond it
         self._sealed: dict[str, bytes] = {}
+        self._search_key: bytes | None = None
+        self._batch: BatchBuffer | None = None  # batch mode (prefetch .. flush)
         self._outer, self.causation = conn, causation
         self._conn: asyncpg.Connection | None = None
         self._tenant: str | None = None
@@ -91,6 +71,7 @@ class PostgresUnitOfWork:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._batch = None
         try:
             if exc_type is None:
                 await self._tx.commit()
@@ -114,9 +95,30 @@ class PostgresUnitOfWork:
         row = await (await self._as(tenant_id)).fetchrow(query, *args)
         return _record(row) if row else None
 
+    async def prefetch(self, tenant_id: str, lookups: Lookups) -> None:
+        conn = await self._as(tenant_id)
+        buffer = BatchBuffer(tenant_id)
+        await buffer.load(conn, lookups)
+        if wanted := sorted(lookups.sealing - set(self._user_keys)):
+            self._user_keys.update(await self.keys.user_keys(conn, tenant_id, wanted))
+        self._batch = buffer
+
+    async def flush(self) -> None:
+        buffer, self._batch = self._batch, None
+        if buffer is not None:
+            await buffer.flush(await self._as(buffer.tenant_id), self.store, self.outbox)
+
     async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None:
-        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND idempotency_key = $2",
-                               tenant_id, key)
+        if self._batch is not None:
+            return self._batch.by_idempotency.get(key)
+        row = await (await self._as(tenant_id)).fetchrow(BY_IDEMPOTENCY_KEY + " LIMIT 1", tenant_id, [key])
+        return by_idempotency_key(row) if row else None
+
+    async def add_merged_key(self, tenant_id: str, idempotency_key: str, memory_id: str, request_hash: str) -> None:
+        if self._batch is not None:
+            self._batch.add_merged_key(idempotency_key, memory_id, request_hash)
+            return
+        await (await self._as(tenant_id)).execute(MERGED_KEY, tenant_id, idempotency_key, memory_id, request_hash)
 
     async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND memory_id::text = $2",
@@ -135,29 +137,25 @@ class PostgresUnitOfWork:
             key = await self._user_key(record.tenant_id, record.user_id, create=True)
             content, sealed = record.redacted, seal(key, record.content.encode(), _aad(record))
             self._sealed[record.memory_id] = sealed
-        status = await conn.execute(
-            _INSERT, record.memory_id, record.tenant_id, record.user_id, record.session_id, int(record.layer),
-            int(record.source), content, record.key, int(record.confidence), record.engagement,
-            list(record.tags), list(record.derived_from), record.step_id, record.attributes, record.created_at,
-            record.expires_at, record.idempotency_key or None, record.request_hash or None, int(record.status),
-            record.written_by, record.reason, record.sensitive_kind, sealed, record.content_hmac,
-            list(record.sensitive_hashes), list(record.quarantine_reasons), record.content_digest,
-            list(record.minhash) or None, record.near_duplicate_of or None)
+        if self._batch is not None:
+            self._batch.add(record, content, sealed)
+            return True
+        status = await conn.execute(_INSERT + _ON_CONFLICT, *insert_args(record, content, sealed))
         if rowcount(status) != 1:
             return False
-        if record.minhash and record.status is not Status.QUARANTINED:
-            await conn.execute(
-                "INSERT INTO memory_buckets (tenant_id, user_id, layer, bucket, memory_id)"
-                " SELECT $1, $2, $3, b, $4::uuid FROM unnest($5::text[]) AS b ON CONFLICT DO NOTHING",
-                record.tenant_id, record.user_id, int(record.layer), record.memory_id, bands(list(record.minhash)))
         return True
 
     async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
+        if self._batch is not None:
+            return self._batch.identical.get((user_id, layer, digest))
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND layer = $3"
                                " AND content_digest = $4 AND status = 1 ORDER BY created_at LIMIT 1 FOR UPDATE",
                                tenant_id, user_id, layer, digest)
 
     async def merge_into(self, kept: MemoryRecord) -> None:
+        if self._batch is not None:
+            self._batch.merge_into(kept)
+            return
         await (await self._as(kept.tenant_id)).execute(
             "UPDATE memories SET engagement = $3, merged_count = $4, tags = $5, derived_from = $6"
             " WHERE tenant_id = $1 AND memory_id = $2::uuid", kept.tenant_id, kept.memory_id, kept.engagement,
@@ -165,13 +163,17 @@ class PostgresUnitOfWork:
 
     async def near_candidates(self, tenant_id: str, user_id: str, layer: int,
                               buckets: list[str]) -> list[tuple[str, list[int]]]:
+        if self._batch is not None:
+            return self._batch.near_candidates(user_id, layer, buckets)
+        keys = [lsh_key(user_id, layer, b) for b in buckets]
         rows = await (await self._as(tenant_id)).fetch(
-            "SELECT DISTINCT m.memory_id::text AS id, m.minhash FROM memory_buckets b JOIN memories m USING (memory_id)"
-            " WHERE b.tenant_id = $1 AND b.user_id = $2 AND b.layer = $3 AND b.bucket = ANY($4::text[])"
-            " AND m.status = 1 LIMIT 50", tenant_id, user_id, layer, buckets)
+            "SELECT memory_id::text AS id, minhash FROM memories WHERE tenant_id = $1 AND user_id = $2 AND layer = $3"
+            " AND status = 1 AND lsh && $4::bigint[] LIMIT 50", tenant_id, user_id, layer, keys)
         return [(row["id"], list(row["minhash"])) for row in rows]
 
     async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
+        if self._batch is not None:
+            return self._batch.recent.get(user_id, 0)
         return await (await self._as(tenant_id)).fetchval(
             "SELECT count(*) FROM memories WHERE tenant_id = $1 AND user_id = $2 AND created_at >= $3",
             tenant_id, user_id, since)
@@ -216,7 +218,9 @@ class PostgresUnitOfWork:
         return [_record(row) for row in rows]
 
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
-        return await self.keys.keyed_hash(await self._as(tenant_id), tenant_id, value)
+        if self._search_key is None:  # read once per unit (the search key outlives tenant key rotations)
+            self._search_key = await self.keys.search_key(await self._as(tenant_id), tenant_id)
+        return keyed(self._search_key, value)
 
     async def reveal(self, record: MemoryRecord) -> str:
         key = await self._user_key(record.tenant_id, record.user_id, create=False)
@@ -249,12 +253,17 @@ class PostgresUnitOfWork:
             " DO UPDATE SET schema = excluded.schema, updated_at = now()", tenant_id, key, schema)
 
     async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
+        if self._batch is not None:  # locked and read by prefetch
+            return self._batch.current.get((user_id, key))
         conn = await self._as(tenant_id)
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memory-key:{tenant_id}:{user_id}:{key}")
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND key = $3"
                                           " AND status = 1", tenant_id, user_id, key)
 
     async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None:
+        if self._batch is not None:
+            self._batch.supersede(memory_id, by, at)
+            return
         await (await self._as(tenant_id)).execute(
             "UPDATE memories SET status = 3, superseded_by = $3::uuid, changed_at = $4"
             " WHERE tenant_id = $1 AND memory_id = $2::uuid", tenant_id, memory_id, by, at)
@@ -291,6 +300,30 @@ class PostgresUnitOfWork:
         tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
         envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
         conn = await self._as(tenant_id)
-        version = await self.store.append(conn, stream_id, expected_version, [envelope])
+        stored = await self._kept(envelope, event.record) if isinstance(event, MemoryWritten) else envelope
+        if self._batch is not None:
+            return await self._batch.record(conn, stream_id, expected_version, envelope, stored)
+        version = await self.store.append(conn, stream_id, expected_version, [stored])
         await self.outbox.add(conn, envelope)
         return version
+
+    async def _kept(self, envelope: Envelope, record: MemoryRecord) -> Envelope:
+        """The event store's copy of a memory.written: its content only sealed under the user's data key,
+        so that once the user is forgotten (the key destroyed) the event log reveals nothing of it. The
+        published copy (outbox, stream) keeps the content the read side indexes, for as long as the
+        outbox keeps published rows (Forget removes the user's)."""
+        kept = json.loads(envelope.payload)  # proto3 JSON: edited as such (cheaper than printing it again)
+        if not record.sensitive_kind:  # a sensitive record's plaintext is sealed already
+            key = await self._user_key(record.tenant_id, record.user_id, create=True)
+            kept["memory"]["sealedContent"] = base64.b64encode(seal(key, record.content.encode(), _aad(record))).decode()
+        kept["memory"].pop("content", None)
+        return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
+
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Delete the outbox rows (published or not) announcing memories of `user_id`, or `memory_ids`."""
+        status = await (await self._as(tenant_id)).execute(
+            "DELETE FROM outbox WHERE tenant_id = $1 AND fields->>'event_type' = 'memory.written' AND"
+            " (($2 <> '' AND (fields->>'payload')::jsonb #>> '{memory,tenant,userId}' = $2)"
+            " OR (fields->>'payload')::jsonb #>> '{memory,memoryId}' = ANY($3::text[]))",
+            tenant_id, user_id, memory_ids)
+        return rowcount(status)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 __all__ = ["BURST_LIMIT", "Signals", "Verdict", "assess"]
 
-BURST_LIMIT = 120  # writes of one user within a minute before the rest of the burst is held back
+BURST_LIMIT = 120  # default: writes of one user within a minute before the rest of the burst is held back
 MAX_INFERENCE_CHARS = 4_000  # a model inference longer than this is not a fact, it is a payload
 
 _I = re.IGNORECASE
@@ -75,6 +75,7 @@ class Signals:
     source: int = 0  # Source value
     recent_writes: int = 0  # writes of this user within the last minute, this one excluded
     contradicts_l1: bool = False  # a model inference of an entity key whose L1 value differs
+    burst_limit: int = BURST_LIMIT  # the deployment's limit (settings: memory_burst_limit)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def assess(content: str, signals: Signals = Signals()) -> Verdict:
     reasons = injected(content)
     if signals.source == 3 and len(content) > MAX_INFERENCE_CHARS:  # Source.MODEL_INFERENCE
         reasons.append("oversized_for_source")
-    if signals.recent_writes >= BURST_LIMIT:
+    if signals.recent_writes >= signals.burst_limit:
         reasons.append("write_burst")
     if signals.contradicts_l1:
         reasons.append("inference_contradicts_l1")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 
@@ -166,7 +167,9 @@ def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
 
 def request_fingerprint(cmd: WriteMemory) -> str:
     """What makes two writes the same write: every field the caller chose, but the idempotency key."""
-    fields = {k: v for k, v in asdict(cmd).items() if k not in ("idempotency_key", "written_by")}
+    # A shallow dict (asdict deep-copies): the same JSON, since tuples and dicts encode the same either way.
+    fields = {f.name: getattr(cmd, f.name) for f in dataclass_fields(cmd) if f.name not in ("idempotency_key",
+                                                                                          "written_by")}
     if not fields["reason"]:
         del fields["reason"]  # fingerprints of writes made before `reason` existed stay the same
     fields["expires_at"] = cmd.expires_at.isoformat() if cmd.expires_at else None

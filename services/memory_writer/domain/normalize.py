@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 __all__ = ["normalized"]
 
 
+@functools.lru_cache(maxsize=4096)  # a write's content is normalised for its digest, then for its shingles
 def normalized(text: str) -> str:
     """Fold width (NFKC: full-width ＡＢＣ１２３ → ABC123), case, punctuation and spacing away.
 

@@ -9,6 +9,7 @@ every memory. Two memories whose estimated similarity reaches NEAR_THRESHOLD are
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
@@ -17,7 +18,7 @@ import numpy as np
 
 from services.memory_writer.domain.normalize import normalized
 
-__all__ = ["BANDS", "NEAR_THRESHOLD", "bands", "content_digest", "minhash", "similarity"]
+__all__ = ["BANDS", "NEAR_THRESHOLD", "bands", "content_digest", "lsh_key", "lsh_keys", "minhash", "similarity"]
 
 PERMUTATIONS = 64
 BANDS = 16
@@ -53,13 +54,33 @@ def minhash(content: str) -> list[int]:
         return [_MASK] * PERMUTATIONS
     x = np.fromiter(shingles, dtype=np.uint64, count=len(shingles))
     hashed = (np.multiply.outer(_A, x) + _B[:, None]) >> np.uint64(32)  # uint64 arithmetic wraps mod 2^64
-    return [int(v) for v in hashed.min(axis=1)]
+    return hashed.min(axis=1).tolist()
 
 
 def bands(signature: list[int]) -> list[str]:
     """The LSH bucket of each band: two signatures sharing any bucket are candidates."""
-    return [f"{i}:" + hashlib.blake2b(struct.pack(f">{ROWS}I", *signature[i * ROWS:(i + 1) * ROWS]),
-                                      digest_size=8).hexdigest() for i in range(BANDS)]
+    return list(_bands(tuple(signature)))
+
+
+@functools.lru_cache(maxsize=8192)  # a write's buckets are looked up, then stored
+def _bands(signature: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(f"{i}:" + hashlib.blake2b(struct.pack(f">{ROWS}I", *signature[i * ROWS:(i + 1) * ROWS]),
+                                           digest_size=8).hexdigest() for i in range(BANDS))
+
+
+def lsh_key(user_id: str, layer: int, bucket: str) -> int:
+    """A bucket of one user's layer as one signed 64-bit key (the store indexes these; the migration
+    that introduced them computes the same in SQL)."""
+    return int.from_bytes(hashlib.sha256(f"{user_id}|{layer}|{bucket}".encode()).digest()[:8], "big", signed=True)
+
+
+def lsh_keys(user_id: str, layer: int, signature: list[int]) -> list[int]:
+    return list(_lsh_keys(user_id, layer, tuple(signature)))
+
+
+@functools.lru_cache(maxsize=4096)  # a batch needs a write's keys to look up, then to store
+def _lsh_keys(user_id: str, layer: int, signature: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(lsh_key(user_id, layer, b) for b in _bands(signature))
 
 
 def similarity(a: list[int], b: list[int]) -> float:

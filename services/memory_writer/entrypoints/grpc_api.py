@@ -20,9 +20,10 @@ from services.memory_writer.adapters.mapping import (
 )
 from services.memory_writer.domain import WriteResult
 from services.memory_writer.domain.compression import Triggers
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer import handlers
 from services.memory_writer.service_layer.compression import CompressSession, Summarizer, compress_session
-from services.memory_writer.service_layer.unit_of_work import UnitOfWorkFactory
+from services.memory_writer.service_layer.unit_of_work import StreamCopies, UnitOfWorkFactory
 
 __all__ = ["registration", "write_error"]
 
@@ -64,11 +65,14 @@ def _detail(error: DomainError) -> common_pb2.ErrorDetail:
 
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS) -> None:
-        self.uow, self.summarizer, self.triggers = uow, summarizer, triggers
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY,
+                 copies: StreamCopies | None = None) -> None:
+        self.uow, self.summarizer, self.triggers, self.policy = uow, summarizer, triggers, policy
+        self.copies = copies
 
     async def Write(self, request, context):
-        result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow())
+        result = await handlers.write_memory(command_from_proto(request, _caller()), self.uow(),
+                                             policy=self.policy)
         return result_to_proto(result)
 
     async def WriteBatch(self, request, context):
@@ -79,7 +83,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
             raise ValidationFailed("is required", field="tenant.tenant_id", hint="say which tenant the writes are for")
         caller = _caller()
         outcomes = await handlers.write_batch([command_from_proto(w, caller) for w in request.writes], self.uow,
-                                              tenant_id=tenant)
+                                              tenant_id=tenant, policy=self.policy)
         results = []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, WriteResult):
@@ -102,7 +106,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         cmd = handlers.ForgetMemory(request.tenant.tenant_id, request.tenant.user_id, request.memory_id,
                                     requested_by=principal.subject if principal else "",
                                     admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
-        return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow()))
+        return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow(), self.copies))
 
     async def Correct(self, request, context):
         cmd = handlers.CorrectEntity(
@@ -110,7 +114,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
             key=request.key, content=request.content, reason=request.reason,
             source=request.source or handlers.CorrectEntity.source, layer=request.layer or handlers.CorrectEntity.layer,
             idempotency_key=request.idempotency_key, requested_by=_caller())
-        result = await handlers.correct(cmd, self.uow())
+        result = await handlers.correct(cmd, self.uow(), policy=self.policy)
         return memory_pb2.CorrectResponse(memory_id=result.memory_id, supersedes=result.supersedes,
                                           duplicate=result.duplicate)
 
@@ -170,6 +174,8 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
 
 
 def registration(uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
-                 triggers: Triggers = DEFAULT_TRIGGERS) -> Registration:
+                 triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY,
+                 copies: StreamCopies | None = None) -> Registration:
     return Registration(memory_pb2_grpc.add_MemoryWriterServicer_to_server,
-                        MemoryWriterServicer(uow, summarizer, triggers), "mnemesh.v1.MemoryWriter", SCOPES)
+                        MemoryWriterServicer(uow, summarizer, triggers, policy, copies), "mnemesh.v1.MemoryWriter",
+                        SCOPES)

@@ -7,6 +7,7 @@ through the batch pipeline in that transaction, and answers one outcome per enve
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC
@@ -17,16 +18,17 @@ from libs.errors import DomainError
 from libs.events import Envelope
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_access", "on_write_batch", "scrub_command"]
+__all__ = ["on_access", "on_write_batch", "scrub_command", "scrubber"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
 
-def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
+def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: WritePolicy = DEFAULT_POLICY):
     async def handle(tenant_id: str, envelopes: list[Envelope],
                      conn: asyncpg.Connection) -> Sequence[BaseException | None]:
         outcomes: list[BaseException | None] = [None] * len(envelopes)
@@ -43,7 +45,8 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork]):
         def caused_by(i: int) -> None:
             uow.causation = envelopes[index[i]]
 
-        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by)
+        results = await handlers.write_batch(cmds, lambda: uow, tenant_id=tenant_id, before_each=caused_by,
+                                             policy=policy)
         for i, result in zip(index, results, strict=True):
             outcomes[i] = result if isinstance(result, BaseException) else None
         return outcomes
@@ -62,8 +65,9 @@ def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkee
     return handle
 
 
-def scrub_command(fields: dict[str, str]) -> dict[str, str]:
-    """A command's fields as a dead letter may keep them: sensitive values in its content redacted.
+def scrub_command(fields: dict[str, str], policy: WritePolicy = DEFAULT_POLICY) -> dict[str, str]:
+    """A command's fields as a dead letter may keep them: sensitive values in its content redacted
+    (phones and e-mails too when the tenant's policy makes them sensitive).
 
     (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
     """
@@ -73,8 +77,13 @@ def scrub_command(fields: dict[str, str]) -> dict[str, str]:
         return fields
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), str):
         return fields
-    finding = find_sensitive(str(payload.get("key", "")), payload["content"])
+    finding = find_sensitive(str(payload.get("key", "")), payload["content"],
+                             contacts=policy.contacts_sensitive(str(fields.get("tenant_id", ""))))
     if finding is None:
         return fields
     payload["content"] = finding.redacted
     return {**fields, "payload": json.dumps(payload, ensure_ascii=False)}
+
+
+def scrubber(policy: WritePolicy) -> Callable[[dict[str, str]], dict[str, str]]:
+    return functools.partial(scrub_command, policy=policy)

@@ -16,8 +16,8 @@ from services.memory_writer.service_layer.quarantine import (
     list_quarantine,
     release,
 )
-from services.memory_writer.service_layer.unit_of_work import UnitOfWork
-from services.memory_writer.service_layer.writes import (
+from services.memory_writer.service_layer.unit_of_work import StreamCopies, UnitOfWork
+from services.memory_writer.service_layer.corrections import (
     ConfirmMemory,
     CorrectEntity,
     KeyHistory,
@@ -26,9 +26,8 @@ from services.memory_writer.service_layer.writes import (
     correct,
     history,
     register_entity_schema,
-    write_batch,
-    write_memory,
 )
+from services.memory_writer.service_layer.writes import write_batch, write_memory
 
 __all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
            "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
@@ -102,7 +101,7 @@ def _may_forget(cmd: ForgetMemory, owner: str) -> None:
                                hint="forget your own memories, or ask for a token with scope memory:admin")
 
 
-async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
+async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None = None) -> int:
     """Forget one memory, or every memory of a user (the caller's, when no user is named).
 
     Callers forget their own memories; other users' need the admin scope (the right to be forgotten
@@ -126,9 +125,13 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork) -> int:
             # Crypto-shredding: whatever copies of the user's sealed content remain (event store,
             # outbox history, stream entries, backups) can never be opened again.
             await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
+        # The outbox keeps published rows (with the content the read side indexes) for a while: not theirs.
+        await uow.purge_outbox(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
         if removed:
             ids = removed
             stream = f"memory-{cmd.memory_id}" if cmd.memory_id else f"memory-user-{cmd.tenant_id}-{cmd.user_id}"
             await uow.record(stream, ANY_VERSION,
                              MemoryForgotten(cmd.tenant_id, cmd.user_id, tuple(ids), "forget requested"))
+    if copies is not None:  # after the commit: no row left to publish them again
+        await copies.purge(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
     return len(removed)

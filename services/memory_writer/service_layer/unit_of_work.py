@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from services.memory_writer.domain import DomainEvent, MemoryRecord
 
-__all__ = ["UnitOfWork", "UnitOfWorkFactory"]
+__all__ = ["Lookups", "StreamCopies", "UnitOfWork", "UnitOfWorkFactory"]
+
+
+@dataclass
+class Lookups:
+    """What the writes of a batch will look up, so a unit can load it all at once (see UnitOfWork.prefetch)."""
+
+    since: datetime  # the burst window's start (recent_writes)
+    idempotency_keys: set[str] = field(default_factory=set)
+    entity_keys: set[tuple[str, str]] = field(default_factory=set)  # (user, key): current_of
+    identical: set[tuple[str, int, str]] = field(default_factory=set)  # (user, layer, digest): find_identical
+    buckets: set[tuple[str, int, str]] = field(default_factory=set)  # (user, layer, bucket): near_candidates
+    users: set[str] = field(default_factory=set)  # recent_writes
+    sealing: set[str] = field(default_factory=set)  # users whose data keys the batch seals with
 
 
 class UnitOfWork(Protocol):
@@ -17,7 +31,13 @@ class UnitOfWork(Protocol):
     async def __aenter__(self) -> UnitOfWork: ...
     async def __aexit__(self, *exc: object) -> None: ...
 
-    async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None: ...
+    async def find_by_idempotency_key(self, tenant_id: str, key: str) -> MemoryRecord | None:
+        """The memory written under `key`; for a write that was merged, the memory it was merged into,
+        carrying the merged write's request hash."""
+        ...
+    async def add_merged_key(self, tenant_id: str, idempotency_key: str, memory_id: str, request_hash: str) -> None:
+        """Keep the idempotency key of a write merged into `memory_id` (its retry must not merge again)."""
+        ...
     async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None: ...
     async def add(self, record: MemoryRecord) -> bool:
         """Store `record`; False when its idempotency key is already taken (nothing stored)."""
@@ -28,6 +48,15 @@ class UnitOfWork(Protocol):
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]: ...
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         """Append `event` to the event store and the outbox in this unit's transaction; return the version."""
+        ...
+    async def prefetch(self, tenant_id: str, lookups: Lookups) -> None:
+        """Batch mode until `flush`: load what `lookups` names in a few statements (taking the entity-key
+        locks current_of takes), answer those lookups from it and the batch's own writes, and hold every
+        write back. The batch may look up only what `lookups` names."""
+        ...
+    async def flush(self) -> None:
+        """Write what batch mode held back in a constant number of statements, and leave batch mode.
+        A failure here spoils the unit (roll it back)."""
         ...
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A nested transaction: what happens inside is undone alone when the block raises."""
@@ -83,6 +112,9 @@ class UnitOfWork(Protocol):
     async def reveal(self, record: MemoryRecord) -> str:
         """The plaintext of a sensitive record (KeyShredded once its user was forgotten)."""
         ...
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`."""
+        ...
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         """Destroy the user's data key (crypto-shredding); False when there was none."""
         ...
@@ -93,3 +125,11 @@ class UnitOfWork(Protocol):
 
 class UnitOfWorkFactory(Protocol):
     def __call__(self) -> UnitOfWork: ...
+
+
+class StreamCopies(Protocol):
+    """The published copies of memory events (a Redis stream), outside any transaction."""
+
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        """Remove the memory.written copies of the memories of `user_id` (if given) or `memory_ids`."""
+        ...

@@ -1,4 +1,4 @@
-"""The write pipeline: one write, a batch of writes, corrections and confirmations.
+"""The write pipeline: one write, or a batch of writes (corrections and confirmations: corrections.py).
 
 Every write goes through `_write_in` inside a unit of work: validation (fields, entity format
 by key or the tenant's schema, the level the source may claim), idempotency, the confidence
@@ -11,17 +11,17 @@ failing write alone is undone and reported.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from libs.errors import Conflict, DomainError, IdempotencyKeyReused, NotFound, ValidationFailed
+from libs.errors import Conflict, DomainError, IdempotencyKeyReused, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.logs import get_logger
 from libs.transient import is_transient
 from services.memory_writer.domain import (
     Confidence,
-    Layer,
-    MemoryConfirmed,
     MemoryCorrected,
     MemoryMerged,
     MemoryQuarantined,
@@ -32,13 +32,12 @@ from services.memory_writer.domain import (
     WriteMemory,
     WriteResult,
     WriteStatus,
-    confirmed,
     decide,
     new_memory,
     normalized,
 )
-from services.memory_writer.domain.entities import check_schema
 from services.memory_writer.domain.guard import Signals, assess
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.domain.similarity import (
     NEAR_THRESHOLD,
     bands,
@@ -46,12 +45,12 @@ from services.memory_writer.domain.similarity import (
     minhash,
     similarity,
 )
-from services.memory_writer.service_layer.unit_of_work import UnitOfWork
+from services.memory_writer.service_layer.unit_of_work import Lookups, UnitOfWork
 
-__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
-           "register_entity_schema", "write_batch", "write_memory"]
+__all__ = ["WritePolicy", "write_batch", "write_memory"]
 
 MAX_BATCH = 500
+log = get_logger(__name__)
 Outcome = WriteResult | BaseException
 
 
@@ -68,7 +67,8 @@ def _owned(cmd: WriteMemory, tenant_id: str) -> WriteMemory:
         if cmd.tenant_id and cmd.tenant_id != tenant_id:
             raise ValidationFailed(f"is {cmd.tenant_id!r}, but the command was published under {tenant_id!r}",
                                    field="tenant.tenant_id", hint="publish commands under the tenant they belong to")
-        cmd = replace(cmd, tenant_id=tenant_id)
+        if cmd.tenant_id != tenant_id:
+            cmd = replace(cmd, tenant_id=tenant_id)
     return cmd
 
 
@@ -87,10 +87,12 @@ BURST_WINDOW = timedelta(minutes=1)
 
 
 class _Recent:
-    """Writes per user in the last minute, measured once per unit and counted on as it writes."""
+    """Writes per user in the last minute, measured once per unit and counted on as it writes; `limit`
+    is how many the guard lets through before it quarantines the rest of a burst (the unit's `policy`'s)."""
 
-    def __init__(self, uow: UnitOfWork, now: datetime) -> None:
-        self.uow, self.now, self.counts = uow, now, {}
+    def __init__(self, uow: UnitOfWork, now: datetime, policy: WritePolicy = DEFAULT_POLICY) -> None:
+        self.uow, self.now, self.counts, self.policy = uow, now, {}, policy
+        self.limit = policy.burst_limit
 
     async def take(self, tenant_id: str, user_id: str) -> int:
         if user_id not in self.counts:
@@ -100,16 +102,52 @@ class _Recent:
         return before
 
 
-async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
-                    recent: _Recent) -> WriteResult:
-    """One write inside `uow`. DomainErrors raised before anything is written are the write's own;
-    anything raised after is wrapped in _AfterWrite."""
-    record = new_memory(cmd, now, schema)
+async def _prepared(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    policy: WritePolicy = DEFAULT_POLICY) -> MemoryRecord:
+    """The validated record of `cmd` (ValidationFailed otherwise), with its keyed hashes if sensitive."""
+    record = new_memory(cmd, now, schema, contacts_sensitive=policy.contacts_sensitive(cmd.tenant_id))
     if record.sensitive_kind:  # compared and looked up by keyed hashes: the plaintext is sealed on add
         record = replace(
             record, content_hmac=await uow.keyed_hash(record.tenant_id, normalized(record.content)),
             sensitive_hashes=tuple([await uow.keyed_hash(record.tenant_id, normalized(v))
                                     for v in record.sensitive_values]))
+    return record
+
+
+def _digest(record: MemoryRecord) -> str:
+    return record.content_hmac or content_digest(record.content)
+
+
+@functools.lru_cache(maxsize=4096)  # a batch computes each signature twice: for its lookups, then to link
+def _signature(text: str) -> tuple[int, ...]:
+    return tuple(minhash(text))
+
+
+def _signature_of(record: MemoryRecord) -> list[int]:
+    return list(_signature(record.redacted if record.sensitive_kind else record.content))
+
+
+def _lookups(records: Sequence[MemoryRecord], now: datetime) -> Lookups:
+    """What `_write_in` will look up for `records` (a superset: a quarantined write looks up less)."""
+    lookups = Lookups(since=now - BURST_WINDOW)
+    for r in records:
+        lookups.users.add(r.user_id)
+        if r.idempotency_key:
+            lookups.idempotency_keys.add(r.idempotency_key)
+        lookups.sealing.add(r.user_id)  # every memory.written is stored sealed (see the unit of work)
+        if r.key:
+            lookups.entity_keys.add((r.user_id, r.key))
+        else:
+            lookups.identical.add((r.user_id, int(r.layer), _digest(r)))
+            lookups.buckets.update((r.user_id, int(r.layer), b) for b in bands(_signature_of(r)))
+    return lookups
+
+
+async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
+                    recent: _Recent, record: MemoryRecord | None = None) -> WriteResult:
+    """One write inside `uow` (`record`: its record if already prepared). DomainErrors raised before
+    anything is written are the write's own; anything raised after is wrapped in _AfterWrite."""
+    record = record or await _prepared(uow, cmd, now, schema, recent.policy)
     current = None
     if record.key:  # hold the key first: same-key writes are serialised, whatever their idempotency keys
         current = await uow.current_of(record.tenant_id, record.user_id, record.key)
@@ -126,7 +164,8 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
     contradicts = (decision is not None and decision.outcome is WriteStatus.CANDIDATE
                    and record.source is Source.MODEL_INFERENCE and current.confidence is Confidence.L1_STRONG)
     verdict = assess(record.content, Signals(source=int(record.source), contradicts_l1=contradicts,
-                                             recent_writes=await recent.take(record.tenant_id, record.user_id)))
+                                             recent_writes=await recent.take(record.tenant_id, record.user_id),
+                                             burst_limit=recent.limit))
     if verdict.quarantine:  # stored apart, announced without content, never served
         record = replace(record, status=Status.QUARANTINED, quarantine_reasons=verdict.reasons)
         decision = None
@@ -163,7 +202,7 @@ async def _write_in(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: di
 async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult | MemoryRecord:
     """An identical memory of the same user and layer absorbs the write (no second row); otherwise the
     record, linked to the memory it closely resembles, if any."""
-    digest = record.content_hmac or content_digest(record.content)
+    digest = _digest(record)
     existing = await uow.find_identical(record.tenant_id, record.user_id, int(record.layer), digest)
     if existing is not None:
         kept = replace(existing, engagement=existing.engagement + 1.0, merged_count=existing.merged_count + 1,
@@ -172,11 +211,13 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
         try:
             await uow.merge_into(kept)
             version = await uow.record(f"memory-{kept.memory_id}", ANY_VERSION, MemoryMerged(kept, record))
+            if record.idempotency_key:  # a retry of this write finds its result instead of merging again
+                await uow.add_merged_key(record.tenant_id, record.idempotency_key, kept.memory_id, record.request_hash)
         except Exception as exc:
             raise _AfterWrite(exc) from exc
         return WriteResult(kept.memory_id, duplicate=True, version=version, status=WriteStatus.MERGED,
                            must_confirm=kept.must_confirm)
-    signature = minhash(record.redacted if record.sensitive_kind else record.content)
+    signature = _signature_of(record)
     near = ""
     best = NEAR_THRESHOLD
     for memory_id, other in await uow.near_candidates(record.tenant_id, record.user_id, int(record.layer),
@@ -188,21 +229,22 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
 
 
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",
-                       now: datetime | None = None) -> WriteResult:
-    """Write one memory. `on_behalf_of` is the tenant a stream command was published under."""
+                       now: datetime | None = None, policy: WritePolicy = DEFAULT_POLICY) -> WriteResult:
+    """Write one memory. `on_behalf_of` is the tenant a stream command was published under; `policy` the
+    deployment's write rules (burst limit, tenants whose contacts are sensitive)."""
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
         try:
             now = now or datetime.now(UTC)
-            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now))
+            return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, policy))
         except _AfterWrite as exc:
             raise exc.cause from None
 
 
 async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], UnitOfWork], *, tenant_id: str,
-                      now: datetime | None = None,
-                      before_each: Callable[[int], None] | None = None) -> list[Outcome]:
+                      now: datetime | None = None, before_each: Callable[[int], None] | None = None,
+                      policy: WritePolicy = DEFAULT_POLICY) -> list[Outcome]:
     """Write `cmds` for `tenant_id` in one transaction; one outcome per command, in order.
 
     An outcome is the WriteResult, or the exception of that command (a DomainError saying what
@@ -215,15 +257,18 @@ async def write_batch(cmds: Sequence[WriteMemory], uow_factory: Callable[[], Uni
                                hint=f"send at most {MAX_BATCH} writes per batch")
     now = now or datetime.now(UTC)
     try:
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=False)
-    except _AfterWrite:
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=False)
+    except _AfterWrite as exc:
         # Rare: a write failed after touching the database, which spoils the transaction. Run the
         # batch again, each write in its own savepoint, so only that write is undone.
-        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, isolate=True)
+        log.warning("batch runs again write by write", tenant_id=tenant_id, writes=len(cmds), error=str(exc.cause))
+        return await _batch(cmds, uow_factory(), tenant_id, now, before_each, policy, isolate=True)
 
 
 async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, now: datetime,
-                 before_each: Callable[[int], None] | None, *, isolate: bool) -> list[Outcome]:
+                 before_each: Callable[[int], None] | None, policy: WritePolicy, *, isolate: bool) -> list[Outcome]:
+    """The batch in `uow`. Normally in batch mode (UnitOfWork.prefetch .. flush): its lookups in a few
+    statements, its writes held back and written together. `isolate`: write by write, each in a savepoint."""
     outcomes: list[Outcome | None] = [None] * len(cmds)
     owned: dict[int, WriteMemory] = {}
     for i, cmd in enumerate(cmds):
@@ -233,16 +278,26 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
-        recent = _Recent(uow, now)
+        recent = _Recent(uow, now, policy)
+        prepared: dict[int, MemoryRecord] = {}
+        if not isolate:
+            for i, cmd in list(owned.items()):
+                try:
+                    # A microsecond apart: the batch's order stays the order of its records (session turns).
+                    prepared[i] = await _prepared(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
+                                                  policy)
+                except DomainError as exc:  # refused before anything of it was written
+                    outcomes[i] = exc
+                    del owned[i]
+            await uow.prefetch(tenant_id, _lookups(list(prepared.values()), now))
         for i, cmd in owned.items():
             if before_each is not None:
                 before_each(i)
             scope = uow.savepoint() if isolate else contextlib.nullcontext()
             try:
                 async with scope:
-                    # A microsecond apart: the batch's order stays the order of its records (session turns).
                     outcomes[i] = await _write_in(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
-                                                  recent)
+                                                  recent, prepared.get(i))
             except DomainError as exc:  # refused before anything of it was written
                 outcomes[i] = exc
             except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error
@@ -252,96 +307,11 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
                 if not isolate:
                     raise _AfterWrite(cause) from cause
                 outcomes[i] = cause
+        if not isolate:
+            try:
+                await uow.flush()
+            except Exception as exc:  # noqa: BLE001 - a transient failure retries the batch; others isolate it
+                if is_transient(exc):
+                    raise
+                raise _AfterWrite(exc) from exc
     return outcomes  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class CorrectEntity:
-    tenant_id: str
-    user_id: str
-    key: str
-    content: str
-    reason: str = ""
-    source: int = Source.USER_STATEMENT
-    layer: int = Layer.ENTITY
-    session_id: str = ""
-    idempotency_key: str = ""
-    requested_by: str = ""
-
-
-async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = None) -> WriteResult:
-    """A new L1 value for `key`: it supersedes the current value (whatever its level); the chain is kept."""
-    if not cmd.key:
-        raise ValidationFailed("is required", field="key", hint="name the entity key to correct, e.g. user.name")
-    if cmd.source not in (Source.USER_STATEMENT, Source.AUTHORITATIVE_API):
-        raise ValidationFailed("a correction comes from the user or an authoritative API", field="source",
-                               hint="leave source empty (user statement) or use SOURCE_KIND_AUTHORITATIVE_API")
-    write = WriteMemory(tenant_id=cmd.tenant_id, user_id=cmd.user_id or cmd.requested_by, session_id=cmd.session_id,
-                        layer=cmd.layer or Layer.ENTITY, source=cmd.source, content=cmd.content, key=cmd.key,
-                        confidence=Confidence.L1_STRONG, idempotency_key=cmd.idempotency_key,
-                        reason=cmd.reason or "corrected", written_by=cmd.requested_by)
-    return await write_memory(write, uow, now=now)
-
-
-@dataclass(frozen=True)
-class ConfirmMemory:
-    tenant_id: str
-    memory_id: str
-    reason: str = ""
-    requested_by: str = ""
-
-
-async def confirm(cmd: ConfirmMemory, uow: UnitOfWork, now: datetime | None = None) -> tuple[MemoryRecord, str]:
-    """Raise an L2/L3 memory (or a candidate) to L1; it becomes its key's current value."""
-    now = now or datetime.now(UTC)
-    async with uow:
-        record = await uow.get(cmd.tenant_id, cmd.memory_id)
-        if record is None:
-            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
-                           hint="check the id; forgotten and expired memories are gone")
-        if record.status is Status.SUPERSEDED:
-            raise ValidationFailed("was superseded by a later value", field="memory_id",
-                                   hint="Correct the key with this value instead, if the user says it is right")
-        current = await uow.current_of(record.tenant_id, record.user_id, record.key) if record.key else None
-        if record.confidence is Confidence.L1_STRONG and record.status is Status.CURRENT:
-            return record, ""  # nothing to confirm: a second Confirm is a no-op
-        raised, old = confirmed(record, current, now, cmd.requested_by, cmd.reason)
-        if old is not None:
-            await uow.supersede(record.tenant_id, old.memory_id, record.memory_id, now)
-        await uow.update(raised)
-        supersedes = old.memory_id if old else ""
-        await uow.record(f"memory-{record.memory_id}", ANY_VERSION, MemoryConfirmed(raised, supersedes, cmd.requested_by))
-    return raised, supersedes
-
-
-@dataclass(frozen=True)
-class KeyHistory:
-    tenant_id: str
-    user_id: str
-    key: str
-
-
-async def history(cmd: KeyHistory, uow: UnitOfWork) -> list[MemoryRecord]:
-    if not cmd.key:
-        raise ValidationFailed("is required", field="key", hint="name the entity key, e.g. user.name")
-    if not cmd.user_id:
-        raise ValidationFailed("is required", field="tenant.user_id", hint="say whose key it is")
-    async with uow:
-        return await uow.history(cmd.tenant_id, cmd.user_id, cmd.key)
-
-
-
-@dataclass(frozen=True)
-class RegisterEntitySchema:
-    tenant_id: str
-    key: str
-    schema: dict
-
-
-async def register_entity_schema(cmd: RegisterEntitySchema, uow: UnitOfWork) -> None:
-    """Values of `key` must match `schema` from now on (already stored values are not re-checked)."""
-    if not cmd.key:
-        raise ValidationFailed("is required", field="key", hint="name the entity key, e.g. user.plan")
-    check_schema(cmd.schema)
-    async with uow:
-        await uow.put_entity_schema(cmd.tenant_id, cmd.key, cmd.schema)

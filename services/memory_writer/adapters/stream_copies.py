@@ -1,0 +1,66 @@
+"""Copies of a user's memories in Redis streams, and their removal on Forget.
+
+The published copy of a memory.written carries the content the read side indexes, and the stream
+keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
+redacted) in the commands' dead-letter stream, which is never trimmed. Forget removes the forgotten
+user's (or memories') entries from both at once, by one pass over each stream (XRANGE in pages,
+XDEL of the matches): forgetting is rare, the streams are bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from libs.events.bus import EventBus
+from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, dead_letter_stream
+
+__all__ = ["RedisStreamCopies"]
+
+PAGE = 1000
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
+
+
+def _payload(fields: dict[str, str], name: str) -> dict:
+    try:
+        payload = json.loads(fields.get(name, ""))
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+class RedisStreamCopies:
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.events = bus.stream_name(MEMORY_EVENTS)
+        self.dead_commands = dead_letter_stream(bus.stream_name(MEMORY_COMMANDS))
+
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+        wanted = set(memory_ids)
+
+        def written(fields: dict[str, str]) -> bool:
+            if fields.get("event_type") != "memory.written" or fields.get("tenant_id") != tenant_id:
+                return False
+            memory = _payload(fields, "payload").get("memory") or {}
+            return bool(user_id and (memory.get("tenant") or {}).get("userId") == user_id) or \
+                memory.get("memoryId") in wanted
+
+        def dead_command(fields: dict[str, str]) -> bool:
+            return bool(user_id) and fields.get("original.tenant_id") == tenant_id and \
+                (_payload(fields, "original.payload").get("tenant") or {}).get("userId") == user_id
+
+        return await self._purge(self.events, written) + await self._purge(self.dead_commands, dead_command)
+
+    async def _purge(self, key: str, doomed: Callable[[dict[str, str]], bool]) -> int:
+        redis, removed, start = await self.bus.redis(), 0, "-"
+        while entries := await redis.xrange(key, min=start, count=PAGE):
+            ids = [entry_id for entry_id, raw in entries if doomed({_text(k): _text(v) for k, v in raw.items()})]
+            if ids:
+                removed += await redis.xdel(key, *ids)
+            if len(entries) < PAGE:
+                break
+            start = "(" + _text(entries[-1][0])
+        return removed

@@ -12,6 +12,7 @@ from libs.runtime import ServiceContext
 from services.retriever.adapters.embedders import open_embedder
 from services.retriever.adapters.metrics import RetrieverMetrics
 from services.retriever.adapters.postgres import PostgresDocuments
+from services.retriever.adapters.structured import PostgresQueries
 from services.retriever.adapters.vectors import open_vector_index
 from services.retriever.domain import Bm25
 from services.retriever.entrypoints import grpc_api, streams
@@ -60,5 +61,5 @@ async def bootstrap(ctx: ServiceContext) -> None:
     projector = Projector(PostgresDocuments(ctx.db), retrieval, notifier.mark,
                           notifier.wait)
     ctx.tasks.append(projector.run)
-    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))
+    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), PostgresQueries(ctx.db), retrieval))
     ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))

@@ -17,7 +17,7 @@ import asyncpg
 from libs.db import Database, rowcount
 from services.retriever.domain import Document
 
-__all__ = ["PostgresDocuments"]
+__all__ = ["COLUMNS", "PostgresDocuments", "document_of_row"]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::text[]) AS m ORDER BY m"
 # The same lock, only where free: the projector never waits for a handler (nor a handler for a deadlock).
@@ -37,12 +37,12 @@ _UPSERT = (
     " version = EXCLUDED.version, projected = EXCLUDED.projected, indexed_at = now()"
     " WHERE documents.version <= EXCLUDED.version"
 )
-_COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
+COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
             " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id,"
             " attributes")
 
 
-def _document(r: asyncpg.Record) -> Document:
+def document_of_row(r: asyncpg.Record) -> Document:
     return Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
                        "derived_from": tuple(r["derived_from"]), "attributes": dict(r["attributes"])})
 
@@ -109,9 +109,9 @@ class PostgresDocuments:
             candidates = [r[0] for r in await conn.fetch(
                 "SELECT memory_id::text FROM documents WHERE NOT projected ORDER BY indexed_at LIMIT $1", limit)]
             locked = [r[0] for r in await conn.fetch(_TRY_LOCK, candidates)] if candidates else []
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
                                     " AND NOT projected", locked) if locked else []
-            documents = [_document(r) for r in rows]
+            documents = [document_of_row(r) for r in rows]
             yield documents
             if documents:
                 await conn.execute("UPDATE documents SET projected = true WHERE memory_id = ANY($1::uuid[])",
@@ -123,10 +123,10 @@ class PostgresDocuments:
         expiry, engagement, tags). A forgotten or unknown memory is left alone. How many changed."""
         async def work(conn: asyncpg.Connection) -> int:
             await conn.execute(_LOCK, memory_ids)
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1"
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
             changed = 0
-            for d in map(_document, rows):
+            for d in map(document_of_row, rows):
                 new = change(d)
                 if new == d:
                     continue
@@ -165,9 +165,9 @@ class PostgresDocuments:
         if not memory_ids:
             return {}
         async with self.db.transaction(tenant_id) as conn:
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1"
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
-        return {r["memory_id"]: _document(r) for r in rows}
+        return {r["memory_id"]: document_of_row(r) for r in rows}
 
     async def all_documents(self, tenant_id: str | None, batch: int = 500):
         """Every indexed document (one tenant, or all of them: cross-tenant machinery such as a rebuild)."""
@@ -175,13 +175,13 @@ class PostgresDocuments:
         while True:
             if tenant_id is None:
                 async with self.db.system_transaction() as conn:
-                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id > $1::uuid"
+                    rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id > $1::uuid"
                                             " ORDER BY memory_id LIMIT $2", after, batch)
             else:
                 async with self.db.transaction(tenant_id) as conn:
-                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1 AND"
+                    rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1 AND"
                                             " memory_id > $2::uuid ORDER BY memory_id LIMIT $3", tenant_id, after, batch)
             if not rows:
                 return
-            yield [_document(r) for r in rows]
+            yield [document_of_row(r) for r in rows]
             after = rows[-1]["memory_id"]

@@ -7,8 +7,10 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from services.retriever.domain import Document, SparseVector
+from services.retriever.domain.router import Vocabulary
+from services.retriever.domain.structured import StructuredQuery
 
-__all__ = ["DocumentStore", "Embedder", "VectorIndex"]
+__all__ = ["DocumentStore", "Embedder", "StructuredStore", "VectorIndex"]
 
 
 class DocumentStore(Protocol):
@@ -39,6 +41,17 @@ class DocumentStore(Protocol):
 
     async def fetch(self, tenant_id: str, memory_ids: list[str]) -> dict[str, Document]:
         """The tenant's documents among these ids."""
+        ...
+
+
+class StructuredStore(Protocol):
+    async def query(self, q: StructuredQuery) -> tuple[list[Document], bool]:
+        """The tenant's memories matching every condition of a validated query, in its order, at most
+        `limit`; and whether more matched."""
+        ...
+
+    async def vocabulary(self, tenant_id: str, user_id: str = "") -> Vocabulary:
+        """Entity keys, attribute names and short attribute values of the tenant's (user's) memories."""
         ...
 
 

@@ -83,7 +83,10 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),
                                  "tags": _ident(64, items=32), "mode": _ident(16), "fusion": _ident(16), "route": _ident(16)},
     "mnemesh.v1.QueryRequest": {**_TENANT, "where": Limit("message", items=16), "order_by": _ident(256)},
-    "mnemesh.v1.QueryCondition": {"field": _ident(256), "op": _ident(16)},
+    "mnemesh.v1.QueryCondition": {"field": _ident(256), "op": _ident(16), "value": Limit("message")},
+    # A condition's value (google.protobuf.Value): one scalar, or a list of up to 100 with `in`.
+    "google.protobuf.Value": {"string_value": _text(1_024), "struct_value": _struct(16 * _KB)},
+    "google.protobuf.ListValue": {"values": Limit("message", items=100)},
     "mnemesh.v1.RebuildIndexRequest": {},
     "mnemesh.v1.SendRequest": {**_TENANT, "session_id": Limit("session", 128), "device_id": _ident(64),
                                "text": _text(8_000), "idempotency_key": _ident(128)},

@@ -43,7 +43,7 @@ COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer,
 
 
 def document_of_row(r: asyncpg.Record) -> Document:
-    return Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
+    return Document(**{**{k: v for k, v in r.items() if k != "projected"}, "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
                        "derived_from": tuple(r["derived_from"]), "attributes": dict(r["attributes"])})
 
 
@@ -117,26 +117,34 @@ class PostgresDocuments:
                 await conn.execute("UPDATE documents SET projected = true WHERE memory_id = ANY($1::uuid[])",
                                    [d.memory_id for d in documents])
 
-    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
-        """Apply `change` to the tenant's documents among `memory_ids` under their locks and queue each one
-        it changed for the projector, which rewrites its payload in the vector index (archived, confidence,
-        expiry, engagement, tags). A forgotten or unknown memory is left alone. How many changed."""
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document],
+                    then: Callable[[list[Document]], Awaitable[None]] | None = None) -> int:
+        """Apply `change` to the tenant's documents among `memory_ids` under their locks. `then` gets the
+        changed documents whose vectors are written (it rewrites their index payload, under the same locks;
+        if it fails nothing is kept); without `then`, or for a document still queued, the projector writes
+        the new payload. A forgotten or unknown memory is left alone. How many changed."""
         async def work(conn: asyncpg.Connection) -> int:
             await conn.execute(_LOCK, memory_ids)
-            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1"
+            rows = await conn.fetch(f"SELECT {COLUMNS}, projected FROM documents WHERE tenant_id = $1"
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
-            changed = 0
-            for d in map(document_of_row, rows):
+            changed, indexed = 0, []
+            for r in rows:
+                d = document_of_row(r)
                 new = change(d)
                 if new == d:
                     continue
                 await conn.execute(
                     "UPDATE documents SET confidence = $2, expires_at = $3, engagement = $4, archived = $5,"
-                    " tags = $6, derived_from = $7, projected = false, indexed_at = now() WHERE memory_id = $1",
+                    " tags = $6, derived_from = $7, projected = projected AND $8, indexed_at = now()"
+                    " WHERE memory_id = $1",
                     d.memory_id, new.confidence, new.expires_at, new.engagement, new.archived, list(new.tags),
-                    list(new.derived_from))
+                    list(new.derived_from), then is not None)
                 changed += 1
-            if changed:
+                if r["projected"]:
+                    indexed.append(new)
+            if then is not None and indexed:
+                await then(indexed)
+            elif changed:
                 await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
             return changed
 

@@ -133,6 +133,16 @@ class EdgeVectorIndex:
             self.shard.update(qe.UpdateOperation.upsert_points(points))
             self.dirty = True
 
+    def set_payloads(self, tenant_id: str, documents: list[Document]) -> None:
+        """Rewrite the payload of these points (archived, confidence, expiry, engagement, tags...) without
+        touching their vectors; a point not in the index (not projected yet) is left alone."""
+        qe = self._qe
+        for d in documents:
+            self.shard.update(qe.UpdateOperation.set_payload_by_filter(qe.Filter(must=[
+                qe.FieldCondition(key="tenant_id", match=qe.MatchValue(tenant_id)),
+                qe.HasIdCondition(point_ids={uuid.UUID(d.memory_id)})]), payload_of(d)))
+        self.dirty = self.dirty or bool(documents)
+
     def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """(dense hits, sparse hits), each best first, as (memory_id, score)."""
         qe = self._qe
@@ -247,6 +257,13 @@ class ServerVectorIndex:
             points.append(m.PointStruct(id=d.memory_id, vector=vector, payload=payload_of(d)))
         if points:
             self.client.upsert(self.collection, points=points)
+
+    def set_payloads(self, tenant_id: str, documents: list[Document]) -> None:
+        """As EdgeVectorIndex.set_payloads: one request for the batch."""
+        m = self._m
+        if documents:
+            self.client.batch_update_points(self.collection, [m.SetPayloadOperation(set_payload=m.SetPayload(
+                payload=payload_of(d), filter=self._filter(tenant_id, memory_ids=[d.memory_id]))) for d in documents])
 
     def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         m = self._m

@@ -33,17 +33,20 @@ def on_memory_event(store_in: Callable[[asyncpg.Connection], DocumentStore], ret
             await handlers.forget_documents(message.tenant.tenant_id, [message.memory_id], store_in(conn),
                                             retrieval.index, tombstone=False)
         elif kind == "memory.archived":
-            await handlers.archive_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn))
+            await handlers.archive_documents(message.tenant.tenant_id, list(message.memory_ids), store_in(conn),
+                                             retrieval.index)
         elif kind == "memory.corrected":  # the new value came with its memory.written; the old one is History
-            await handlers.archive_documents(message.tenant.tenant_id, [message.old_memory_id], store_in(conn))
+            await handlers.archive_documents(message.tenant.tenant_id, [message.old_memory_id], store_in(conn),
+                                             retrieval.index)
         elif kind == "memory.confirmed":
             await handlers.confirm_document(
                 message.tenant.tenant_id, message.memory_id, message.confidence,
                 message.expires_at.ToDatetime(tzinfo=UTC) if message.HasField("expires_at") else None,
-                store_in(conn), supersedes=message.supersedes)
+                store_in(conn), supersedes=message.supersedes, index=retrieval.index)
         elif kind == "memory.merged":
             await handlers.merge_into_document(message.tenant.tenant_id, message.memory_id, message.engagement,
-                                               list(message.tags), list(message.derived_from), store_in(conn))
+                                               list(message.tags), list(message.derived_from), store_in(conn),
+                                               retrieval.index)
         # memory.released: its memory.written follows and indexes it. memory.session_compressed: the summary
         # came with its own memory.written and the covered turns stay searchable as they are.
         if retrieval.observe is not None:

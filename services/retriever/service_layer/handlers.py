@@ -117,30 +117,43 @@ async def forget_documents(tenant_id: str, memory_ids: list[str], store: Documen
     return await store.delete(tenant_id, memory_ids, then=purge, tombstone=tombstone)
 
 
-async def archive_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore) -> int:
-    """Out of default search, kept for include_archived (archived, superseded): the projection's flag and,
-    through the projector, the index payload's. How many changed."""
-    return await store.amend(tenant_id, memory_ids, lambda d: replace(d, archived=True))
+def _payloads(tenant_id: str, index: VectorIndex | None):
+    """What amends the index: the changed documents' payloads rewritten in place (no re-embedding)."""
+    if index is None:
+        return None
+
+    async def write(documents: list[Document]) -> None:
+        await asyncio.to_thread(index.set_payloads, tenant_id, documents)  # a blocking client: off the loop
+
+    return write
+
+
+async def archive_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore,
+                            index: VectorIndex | None = None) -> int:
+    """Out of default search, kept for include_archived (archived, superseded): the projection's flag and the
+    index payload's, rewritten in place (without `index`: by the projector). How many changed."""
+    return await store.amend(tenant_id, memory_ids, lambda d: replace(d, archived=True),
+                             then=_payloads(tenant_id, index))
 
 
 async def confirm_document(tenant_id: str, memory_id: str, confidence: int, expires_at: datetime | None,
-                           store: DocumentStore, supersedes: str = "") -> int:
+                           store: DocumentStore, supersedes: str = "", index: VectorIndex | None = None) -> int:
     """A confirmed memory: its new confidence (must_confirm follows from it) and expiry, and current again
     (a confirmed candidate); the value it supersedes leaves default search."""
     changed = await store.amend(tenant_id, [memory_id], lambda d: replace(
-        d, confidence=confidence, expires_at=expires_at, archived=False))
+        d, confidence=confidence, expires_at=expires_at, archived=False), then=_payloads(tenant_id, index))
     if supersedes and supersedes != memory_id:
-        changed += await archive_documents(tenant_id, [supersedes], store)
+        changed += await archive_documents(tenant_id, [supersedes], store, index)
     return changed
 
 
 async def merge_into_document(tenant_id: str, memory_id: str, engagement: float, tags: list[str],
-                              derived_from: list[str], store: DocumentStore) -> int:
+                              derived_from: list[str], store: DocumentStore, index: VectorIndex | None = None) -> int:
     """An identical write merged into a memory: its engagement (rescoring weighs it) and the merged write's
     tags and provenance, as the writer keeps them."""
     return await store.amend(tenant_id, [memory_id], lambda d: replace(
         d, engagement=engagement, tags=tuple(dict.fromkeys((*d.tags, *tags))),
-        derived_from=tuple(dict.fromkeys((*d.derived_from, *derived_from)))))
+        derived_from=tuple(dict.fromkeys((*d.derived_from, *derived_from)))), then=_payloads(tenant_id, index))
 
 
 async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: datetime | None = None,

@@ -190,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_commands(sub)
 
+    from mnemesh.index_cli import add_index_commands
+
+    add_index_commands(sub, _settings)
+
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
     p.add_argument("name", help="eventstore, bus, adapter, search, sessions, tools, write or list")
     p.add_argument("--n", type=int, default=20_000, help="write: memories per path")

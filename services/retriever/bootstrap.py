@@ -20,6 +20,7 @@ from services.retriever.service_layer.accesses import AccessBatcher
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.handlers import Retrieval
 from services.retriever.service_layer.projector import Projector
+from services.retriever.service_layer.rebuild import rebuild_index
 
 NAME = "retriever"
 MIGRATIONS = "services.retriever"
@@ -61,5 +62,6 @@ async def bootstrap(ctx: ServiceContext) -> None:
     projector = Projector(PostgresDocuments(ctx.db), retrieval, notifier.mark,
                           notifier.wait)
     ctx.tasks.append(projector.run)
-    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), PostgresQueries(ctx.db), retrieval))
+    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), PostgresQueries(ctx.db), retrieval,
+                                       rebuild=lambda batch: rebuild_index(PostgresDocuments(ctx.db), retrieval, batch)))
     ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))

@@ -177,6 +177,27 @@ class PostgresDocuments:
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
         return {r["memory_id"]: document_of_row(r) for r in rows}
 
+    async def count_all(self) -> int:
+        """Every document of every tenant (a rebuild's total)."""
+        async with self.db.system_transaction() as conn:
+            return await conn.fetchval("SELECT count(*) FROM documents")
+
+    @contextlib.asynccontextmanager
+    async def locked_batch(self, after: str, limit: int) -> AsyncIterator[tuple[list[Document], str | None]]:
+        """The next `limit` documents of every tenant after memory id `after`, each under its memory's lock
+        until the body returns: a rebuild copies what the projection holds, and no handler, projector or
+        forget changes those memories meanwhile (each of them writes the index under the same lock). Yields
+        the documents and the id the next batch starts after (None: none left)."""
+        async with self.db.system_transaction() as conn:
+            ids = [r[0] for r in await conn.fetch("SELECT memory_id::text FROM documents WHERE memory_id > $1::uuid"
+                                                  " ORDER BY memory_id LIMIT $2", after, limit)]
+            if ids:
+                await conn.execute(_LOCK, ids)
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+                                    " ORDER BY memory_id", ids) if ids else []
+            # and where the next batch starts (None: no more), as rows may have gone meanwhile
+            yield [document_of_row(r) for r in rows], (ids[-1] if ids else None)
+
     async def all_documents(self, tenant_id: str | None, batch: int = 500):
         """Every indexed document (one tenant, or all of them: cross-tenant machinery such as a rebuild)."""
         after = "00000000-0000-0000-0000-000000000000"

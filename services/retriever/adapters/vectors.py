@@ -10,7 +10,9 @@ the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +22,15 @@ from services.retriever.domain import Document, SearchQuery, SparseVector, redac
 
 __all__ = ["COLLECTION", "DENSE_SIZE", "EdgeVectorIndex", "IndexQuery", "ServerVectorIndex", "document_of",
            "open_vector_index", "payload_of"]
+
+# qdrant-client's local mode (":memory:", tests and development) is not thread-safe: a query running while
+# another thread upserts reads arrays of different sizes. Its calls take this lock; a server needs none.
+LOCAL_MODE_LOCK = threading.RLock()
+
+
+def client_guard(url: str):
+    return LOCAL_MODE_LOCK if url == ":memory:" else contextlib.nullcontext()
+
 
 DENSE_SIZE = 512  # the default embedder's (use-multilingual); the index takes the embedder's size
 COLLECTION = "memories"
@@ -198,11 +209,15 @@ class ServerVectorIndex:
     """A collection on a Qdrant server, through qdrant-client (":memory:" is its local mode, for tests)."""
 
     def __init__(self, url: str, *, dim: int = DENSE_SIZE, hnsw_m: int = 16, hnsw_ef_construct: int = 100,
-                 collection: str = COLLECTION) -> None:
+                 collection: str = COLLECTION, client=None) -> None:
+        """`client`: share one (qdrant-client's local mode keeps a separate store per client)."""
         from qdrant_client import QdrantClient, models
 
-        self._m, self.collection = models, collection
-        self.client = QdrantClient(location=url) if url == ":memory:" else QdrantClient(url=url)
+        self._m, self.collection, self.url = models, collection, url
+        self.owns_client, self._guard = client is None, client_guard(url)
+        if client is None:
+            client = QdrantClient(location=url) if url == ":memory:" else QdrantClient(url=url)
+        self.client = client
         if not self.client.collection_exists(collection):
             self.client.create_collection(
                 collection,
@@ -256,16 +271,23 @@ class ServerVectorIndex:
                 vector["sparse"] = m.SparseVector(indices=list(sparse.indices), values=list(sparse.values))
             points.append(m.PointStruct(id=d.memory_id, vector=vector, payload=payload_of(d)))
         if points:
-            self.client.upsert(self.collection, points=points)
+            with self._guard:
+                self.client.upsert(self.collection, points=points)
 
     def set_payloads(self, tenant_id: str, documents: list[Document]) -> None:
         """As EdgeVectorIndex.set_payloads: one request for the batch."""
         m = self._m
         if documents:
-            self.client.batch_update_points(self.collection, [m.SetPayloadOperation(set_payload=m.SetPayload(
-                payload=payload_of(d), filter=self._filter(tenant_id, memory_ids=[d.memory_id]))) for d in documents])
+            with self._guard:
+                self.client.batch_update_points(self.collection, [m.SetPayloadOperation(set_payload=m.SetPayload(
+                    payload=payload_of(d), filter=self._filter(tenant_id, memory_ids=[d.memory_id])))
+                    for d in documents])
 
     def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        with self._guard:
+            return self._query(iq)
+
+    def _query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         m = self._m
         flt = self._filter(iq.query.tenant_id, iq.query, iq.now)
         sparse_hits: list[tuple[str, float]] = []
@@ -288,26 +310,33 @@ class ServerVectorIndex:
     def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
         if not memory_ids:
             return {}
-        records = self.client.retrieve(self.collection, ids=memory_ids, with_payload=True, with_vectors=False)
+        with self._guard:
+            records = self.client.retrieve(self.collection, ids=memory_ids, with_payload=True, with_vectors=False)
         return {r.payload["memory_id"]: r.payload for r in records if r.payload.get("tenant_id") == tenant_id}
 
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
-        self.client.delete(self.collection, points_selector=self._m.FilterSelector(
-            filter=self._filter(tenant_id, memory_ids=memory_ids)))
+        with self._guard:
+            self.client.delete(self.collection, points_selector=self._m.FilterSelector(
+                filter=self._filter(tenant_id, memory_ids=memory_ids)))
 
     def optimize(self) -> bool:
         return False  # a Qdrant server optimizes its segments itself
 
     def count(self, tenant_id: str | None = None) -> int:
-        return self.client.count(self.collection, count_filter=self._filter(tenant_id), exact=True).count
+        with self._guard:
+            return self.client.count(self.collection, count_filter=self._filter(tenant_id), exact=True).count
 
     def close(self) -> None:
-        self.client.close()
+        if self.owns_client:
+            self.client.close()
 
 
 def open_vector_index(qdrant_url: str | None, data_dir: Path, *, dim: int = DENSE_SIZE, hnsw_m: int = 16,
                       hnsw_ef_construct: int = 100):
-    if qdrant_url:
-        return ServerVectorIndex(qdrant_url, dim=dim, hnsw_m=hnsw_m, hnsw_ef_construct=hnsw_ef_construct)
-    return EdgeVectorIndex(data_dir / "qdrant" / f"{COLLECTION}-{dim}", dim=dim, hnsw_m=hnsw_m,
-                           hnsw_ef_construct=hnsw_ef_construct)
+    """The current generation of the index (see generations.py), behind a switch a rebuild can swap."""
+    from services.retriever.adapters.generations import EdgeGenerations, ServerGenerations, SwitchableIndex
+
+    hnsw = {"dim": dim, "hnsw_m": hnsw_m, "hnsw_ef_construct": hnsw_ef_construct}
+    generations = (ServerGenerations(qdrant_url, **hnsw) if qdrant_url
+                   else EdgeGenerations(data_dir / "qdrant", **hnsw))
+    return SwitchableIndex(generations)

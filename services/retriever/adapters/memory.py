@@ -49,6 +49,10 @@ class InMemoryDocuments:
             self.recorded.set()
         return recorded
 
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        for d, version in items:
+            await self.record(d, version)
+
     @contextlib.asynccontextmanager
     async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
         taken = []

@@ -81,12 +81,15 @@ class PostgresDocuments:
         return await self._in_transaction(d.tenant_id, work)
 
     @staticmethod
-    async def _write(conn: asyncpg.Connection, d: Document, version: int, *, projected: bool) -> bool:
-        return rowcount(await conn.execute(
-            _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
-            d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
-            d.engagement, d.archived, d.step_id, d.attributes,  # jsonb: the pool codec encodes it
-            version, projected)) == 1
+    def _arguments(d: Document, version: int, projected: bool) -> tuple:
+        return (d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
+                d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
+                d.engagement, d.archived, d.step_id, d.attributes,  # jsonb: the pool codec encodes it
+                version, projected)
+
+    @classmethod
+    async def _write(cls, conn: asyncpg.Connection, d: Document, version: int, *, projected: bool) -> bool:
+        return rowcount(await conn.execute(_UPSERT, *cls._arguments(d, version, projected))) == 1
 
     async def record(self, d: Document, version: int = 0) -> bool:
         """Record `d` for the projector (its vectors come later, in a batch) unless its memory was forgotten
@@ -99,6 +102,18 @@ class PostgresDocuments:
             return recorded
 
         return await self._in_transaction(d.tenant_id, work)
+
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        """As record, for many documents of one tenant (document, version): their locks, one pipelined
+        statement for all, one NOTIFY, one transaction (or savepoint)."""
+        tenant_id = items[0][0].tenant_id
+
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(_LOCK, list(dict.fromkeys(d.memory_id for d, _ in items)))
+            await conn.executemany(_UPSERT, [self._arguments(d, version, False) for d, version in items])
+            await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
+
+        await self._in_transaction(tenant_id, work)
 
     @contextlib.asynccontextmanager
     async def pending(self, limit: int) -> AsyncIterator[list[Document]]:

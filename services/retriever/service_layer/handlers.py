@@ -16,7 +16,7 @@ from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 
 __all__ = ["PROJECTION_BATCH", "Retrieval", "archive_documents", "confirm_document", "encode", "forget_documents",
-           "index_document", "merge_into_document", "project_pending", "record_document", "search"]
+           "index_document", "merge_into_document", "project_pending", "record_document", "record_documents", "search"]
 
 log = logging.getLogger("mnemesh.retriever")
 
@@ -45,10 +45,6 @@ def _normalised(v: list[float]) -> list[float]:
     return [x / norm for x in v]
 
 
-def _with_terms(d: Document, bm25: Bm25) -> Document:
-    return replace(d, terms=tuple(dict.fromkeys(terms(redact(d.indexed_text()), bm25.segmenter))))
-
-
 async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document, list[float], SparseVector]]:
     """Dense and sparse vectors of a batch: one call to the embedder for every text of the batch (the
     turn's own meaning first, its context, if any, as a lighter second component)."""
@@ -64,7 +60,8 @@ async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document
         if context:
             around = next(vectors)
             dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(dense, around, strict=True)])
-        out.append((_with_terms(d, r.bm25), dense, r.bm25.document(text)))
+        found = terms(text, r.bm25.segmenter)  # segmented once: the document's terms and its BM25 vector
+        out.append((replace(d, terms=tuple(dict.fromkeys(found))), dense, r.bm25.vector(found)))
     r._timed("embed_document", started)
     return out
 
@@ -81,9 +78,17 @@ async def index_document(document: Document, store: DocumentStore, r: Retrieval,
 
 
 async def record_document(document: Document, store: DocumentStore, r: Retrieval, version: int = 0) -> bool:
-    """The event's part of indexing (a memory.written): record the document, with its BM25 terms, for the
-    projector, unless its memory was forgotten or a newer version is recorded. True when recorded."""
-    return await store.record(_with_terms(document, r.bm25), version)
+    """The event's part of indexing (a memory.written): record the document for the projector, unless its
+    memory was forgotten or a newer version is recorded. True when recorded. Nothing is segmented or
+    embedded here: the projector does both, once, in batches."""
+    return await store.record(document, version)
+
+
+async def record_documents(items: list[tuple[Document, int]], store: DocumentStore) -> None:
+    """Many memory.written of one tenant at once (a batch read from the stream): one statement round for
+    all, with the same rules as record_document for each (tombstones, versions)."""
+    if items:
+        await store.record_many(items)
 
 
 async def project_pending(store: DocumentStore, r: Retrieval, limit: int = PROJECTION_BATCH) -> int:

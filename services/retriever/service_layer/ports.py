@@ -24,6 +24,10 @@ class DocumentStore(Protocol):
         """As upsert, but the vectors are left to the projector (`pending`); True if recorded."""
         ...
 
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        """As record, for many (document, version) of one tenant in one round."""
+        ...
+
     def pending(self, limit: int) -> AbstractAsyncContextManager[list[Document]]:
         """Up to `limit` recorded documents without vectors, locked; marked projected when the body returns."""
         ...

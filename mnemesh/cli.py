@@ -200,8 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=200, help="write: batch size (stream read, WriteBatch, baseline)")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000; the issue's "
-                   "second size: --memories 10000,100000)")
+    p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000,100000)")
     p.add_argument("--seconds", type=float, help="sessions: how long the device writers run (default 30)")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -90,6 +90,12 @@ async def test_rebuild_under_concurrent_searches_and_writes_has_no_failed_search
         await index_document(added[i], documents, r)
         await forget_documents("acme", [forgotten[i].memory_id], documents, switch)
 
+    # Another replica (a server behind several retrievers) writes the old generation only, during the copy: a
+    # memory whose id the copy has passed, and a forget of one it has copied. The catch-up must apply both.
+    other = Retrieval(switch.current, BatchingEmbedder(HashEmbedder(DIM)), Bm25())
+    elsewhere = document("harbour office invoice recorded by another replica")
+    elsewhere = Document(**{**elsewhere.__dict__, "memory_id": "00000000-0000-4000-8000-000000000001"})
+    victim = min(docs[20:], key=lambda d: d.memory_id)
     searchers = [asyncio.create_task(searcher()) for _ in range(3)]
     try:
         rebuild = rebuild_index(documents, r, batch=50)
@@ -100,6 +106,8 @@ async def test_rebuild_under_concurrent_searches_and_writes_has_no_failed_search
         for i in range(10):
             await write(i)
         assert (await anext(rebuild)).done == 50
+        await index_document(elsewhere, documents, other)
+        await forget_documents("acme", [victim.memory_id], documents, other.index)
         for i in range(10, 20):
             await write(i)
         rest = [p async for p in rebuild]
@@ -108,8 +116,9 @@ async def test_rebuild_under_concurrent_searches_and_writes_has_no_failed_search
         await asyncio.gather(*searchers)
     assert failures == [] and answered[0] > 0
     assert rest[-1].phase == "swapped" and switch.name == rest[-1].index != before
-    assert switch.count("acme") == MEMORIES
-    assert switch.retrieve("acme", [d.memory_id for d in forgotten]) == {}
+    assert switch.count("acme") == MEMORIES  # 400 - 20 forgotten + 20 added - victim + elsewhere
+    assert switch.retrieve("acme", [d.memory_id for d in forgotten] + [victim.memory_id]) == {}
+    assert list(switch.retrieve("acme", [elsewhere.memory_id])) == [elsewhere.memory_id]
     assert set(switch.retrieve("acme", [d.memory_id for d in added])) == {d.memory_id for d in added}
     assert _gone(generations, before)
     hits = await search(SearchQuery("acme", "", "lighthouse keeper note", mode="sparse", limit=20), documents, r)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 
 import asyncpg
 
@@ -206,12 +207,37 @@ class PostgresDocuments:
         async with self.db.system_transaction() as conn:
             ids = [r[0] for r in await conn.fetch("SELECT memory_id::text FROM documents WHERE memory_id > $1::uuid"
                                                   " ORDER BY memory_id LIMIT $2", after, limit)]
-            if ids:
-                await conn.execute(_LOCK, ids)
-            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
-                                    " ORDER BY memory_id", ids) if ids else []
             # and where the next batch starts (None: no more), as rows may have gone meanwhile
-            yield [document_of_row(r) for r in rows], (ids[-1] if ids else None)
+            yield await self._locked(conn, ids), (ids[-1] if ids else None)
+
+    @contextlib.asynccontextmanager
+    async def locked_documents(self, memory_ids: list[str]) -> AsyncIterator[list[Document]]:
+        """These documents (of any tenant, those still there), under their memories' locks until the body
+        returns."""
+        async with self.db.system_transaction() as conn:
+            yield await self._locked(conn, memory_ids)
+
+    @staticmethod
+    async def _locked(conn: asyncpg.Connection, ids: list[str]) -> list[Document]:
+        if not ids:
+            return []
+        await conn.execute(_LOCK, ids)
+        rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+                                " ORDER BY memory_id", ids)
+        return [document_of_row(r) for r in rows]
+
+    async def clock(self) -> datetime:
+        async with self.db.system_transaction() as conn:
+            return await conn.fetchval("SELECT clock_timestamp()")
+
+    async def changed_since(self, since: datetime) -> tuple[list[str], list[tuple[str, str]]]:
+        """Memories recorded or amended since `since` (ids), and memories forgotten since (tenant, id)."""
+        async with self.db.system_transaction() as conn:
+            changed = [r[0] for r in await conn.fetch(
+                "SELECT memory_id::text FROM documents WHERE indexed_at >= $1 ORDER BY memory_id", since)]
+            forgotten = [(r[0], r[1]) for r in await conn.fetch(
+                "SELECT tenant_id, memory_id::text FROM tombstones WHERE forgotten_at >= $1", since)]
+        return changed, forgotten
 
     async def all_documents(self, tenant_id: str | None, batch: int = 500):
         """Every indexed document (one tenant, or all of them: cross-tenant machinery such as a rebuild)."""

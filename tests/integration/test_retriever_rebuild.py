@@ -146,8 +146,13 @@ async def test_a_failed_rebuild_leaves_the_current_index_serving(documents: Post
 
 
 async def test_rebuild_over_grpc_streams_progress_and_needs_the_admin_scope(
-    documents: PostgresDocuments, db: Database, tmp_path: Path,
+    documents: PostgresDocuments, db: Database, tmp_path: Path, capsys, monkeypatch,
 ) -> None:
+    import argparse
+
+    from mnemesh.client_cli import _run
+    from mnemesh.index_cli import index_rebuild
+
     settings = load_settings(jwt_secret="retriever-rebuild-test-secret-0123456789")
     switch = SwitchableIndex(EdgeGenerations(tmp_path / "qdrant", dim=DIM, hnsw_m=8, hnsw_ef_construct=50))
     r = Retrieval(switch, BatchingEmbedder(HashEmbedder(DIM)), Bm25())
@@ -168,6 +173,14 @@ async def test_rebuild_over_grpc_streams_progress_and_needs_the_admin_scope(
         async with channel(f"127.0.0.1:{port}", admin) as ch:
             progress = [p async for p in memory_pb2_grpc.RetrieverStub(ch).RebuildIndex(
                 memory_pb2.RebuildIndexRequest(batch=50))]
+        # `mnemesh index rebuild`: the same call, a progress bar on stderr, one JSON line on stdout
+        monkeypatch.setenv("MNEMESH_TOKEN", admin)
+        cli_settings = settings.model_copy(update={"retriever_grpc_port": port})
+        code = await asyncio.to_thread(index_rebuild, cli_settings, argparse.Namespace(batch=100), _run)
+        assert code == 0
+        printed = capsys.readouterr()
+        assert '"phase": "swapped"' in printed.out and '"memories": 120' in printed.out
+        assert "rebuild" in printed.err and "120/120" in printed.err
     finally:
         await server.stop(0)
         switch.close()

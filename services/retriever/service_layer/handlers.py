@@ -53,15 +53,19 @@ async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document
     texts = [redact(d.indexed_text()) for d in documents]
     contexts = [redact(c) if (c := d.context()) else "" for d in documents]
     started = time.perf_counter()
-    vectors = iter(await r.embedder.embed(texts + [c for c in contexts if c]))
+    embedding = asyncio.ensure_future(r.embedder.embed(texts + [c for c in contexts if c]))
+    for _ in range(3):  # let the batching worker hand the texts to the model's thread...
+        await asyncio.sleep(0)
+    # ...and segment meanwhile, once per text: the document's terms and its BM25 vector
+    found = [terms(text, r.bm25.segmenter) for text in texts]
+    vectors = iter(await embedding)
     own = [next(vectors) for _ in texts]
     out = []
-    for d, text, context, dense in zip(documents, texts, contexts, own, strict=True):
+    for d, context, dense, words in zip(documents, contexts, own, found, strict=True):
         if context:
             around = next(vectors)
             dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(dense, around, strict=True)])
-        found = terms(text, r.bm25.segmenter)  # segmented once: the document's terms and its BM25 vector
-        out.append((replace(d, terms=tuple(dict.fromkeys(found))), dense, r.bm25.vector(found)))
+        out.append((replace(d, terms=tuple(dict.fromkeys(words))), dense, r.bm25.vector(words)))
     r._timed("embed_document", started)
     return out
 

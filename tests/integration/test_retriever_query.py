@@ -27,7 +27,7 @@ from services.retriever.domain.structured import Condition, StructuredQuery
 from services.retriever.entrypoints import grpc_api
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.handlers import Retrieval, index_document
-from services.retriever.service_layer.structured import VOCABULARIES, query_memories, routed_search
+from services.retriever.service_layer.structured import Vocabularies, query_memories, routed_search
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,6 @@ async def stores(database_url: str, schema: str, db: Database, tmp_path: Path):
             await index_document(document(tenant, content, attributes=attributes,
                                           created_at=NOW - timedelta(minutes=i)), documents, retrieval)
         await index_document(document(tenant, "5000", key="user.budget"), documents, retrieval)
-    VOCABULARIES._cache.clear()
     yield documents, queries, retrieval
     index.close()
 
@@ -121,7 +120,8 @@ async def test_the_router_sends_a_request_to_the_structured_path_the_semantic_pa
     stores, text: str, path: str, contents: list[str] | None,
 ) -> None:
     documents, queries, retrieval = stores
-    routed = await routed_search(SearchQuery("acme", "u1", text, route="auto", limit=5), documents, queries, retrieval)
+    routed = await routed_search(SearchQuery("acme", "u1", text, route="auto", limit=5), documents, queries, retrieval,
+                                 Vocabularies())
     assert routed.route == path, (text, routed.conditions)
     assert {h.document.tenant_id for h in routed.hits} <= {"acme"}
     if path == "semantic":

@@ -13,7 +13,7 @@ from services.retriever.adapters.mapping import (
 )
 from services.retriever.service_layer import handlers
 from services.retriever.service_layer.ports import DocumentStore, StructuredStore
-from services.retriever.service_layer.structured import query_memories, routed_search
+from services.retriever.service_layer.structured import Vocabularies, query_memories, routed_search
 
 __all__ = ["registration"]
 
@@ -24,11 +24,13 @@ class RetrieverServicer(memory_pb2_grpc.RetrieverServicer):
     def __init__(self, store: DocumentStore, queries: StructuredStore, retrieval: handlers.Retrieval,
                  rebuild=None) -> None:
         self.store, self.queries, self.retrieval, self.rebuild = store, queries, retrieval, rebuild
+        self.vocabularies = Vocabularies()
 
     async def Search(self, request, context):
         # The auth interceptor refuses a request whose tenant is not the token's, so the request's
         # tenant is the caller's here.
-        routed = await routed_search(query_from_proto(request), self.store, self.queries, self.retrieval)
+        routed = await routed_search(query_from_proto(request), self.store, self.queries, self.retrieval,
+                                     self.vocabularies)
         return memory_pb2.SearchResponse(hits=[hit_to_proto(h) for h in routed.hits], route=routed.route,
                                          conditions=[condition_to_proto(c) for c in routed.conditions])
 

@@ -14,7 +14,7 @@ from services.retriever.domain.structured import Condition, StructuredQuery
 from services.retriever.service_layer.handlers import Retrieval, search
 from services.retriever.service_layer.ports import DocumentStore, StructuredStore
 
-__all__ = ["Routed", "query_memories", "routed_search"]
+__all__ = ["Routed", "Vocabularies", "query_memories", "routed_search"]
 
 STRUCTURED_CANDIDATES = 200  # exact matches fetched when both paths run (ranked by the semantic one)
 VOCABULARY_TTL = 30.0  # seconds a tenant's vocabulary is reused by the router
@@ -32,9 +32,9 @@ async def query_memories(q: StructuredQuery, queries: StructuredStore) -> tuple[
     return await queries.query(q.validated())
 
 
-class _Vocabularies:
+class Vocabularies:
     """The router's vocabulary per (tenant, user), reused for VOCABULARY_TTL: reading it scans the tenant's
-    attributes, which a request per search must not repeat."""
+    attributes, which a request per search must not repeat. One per process (the servicer holds it)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], tuple[float, Vocabulary]] = {}
@@ -49,9 +49,6 @@ class _Vocabularies:
             self._cache.clear()
         self._cache[(tenant_id, user_id)] = (now, vocabulary)
         return vocabulary
-
-
-VOCABULARIES = _Vocabularies()
 
 
 def _filters_as_conditions(q: SearchQuery, conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
@@ -75,7 +72,7 @@ def _exact_hit(d: Document, now: datetime) -> Hit:
 
 
 async def routed_search(query: SearchQuery, store: DocumentStore, queries: StructuredStore, r: Retrieval,
-                        now: datetime | None = None) -> Routed:
+                        vocabularies: Vocabularies, now: datetime | None = None) -> Routed:
     """Search as the request's route says. auto: the router reads the request against the tenant's
     vocabulary; no condition -> semantic search as usual; conditions only -> the structured path (newest
     first); conditions and content words -> both: exact matches ranked by the semantic score of the rest
@@ -84,7 +81,7 @@ async def routed_search(query: SearchQuery, store: DocumentStore, queries: Struc
     now = now or datetime.now(UTC)
     if q.route == "semantic":
         return Routed("semantic", (), await search(q, store, r, now))
-    plan: Route = route(q.text, await VOCABULARIES.get(queries, q.tenant_id, q.user_id))
+    plan: Route = route(q.text, await vocabularies.get(queries, q.tenant_id, q.user_id))
     if plan.path == "semantic":
         if q.route == "structured":
             raise ValidationFailed("names no entity key, attribute comparison or memory id the tenant's memories hold",

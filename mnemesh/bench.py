@@ -112,7 +112,7 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int) -> dict
     return await run(settings, repetitions, warmup)
 
 
-async def bench_search(settings: Settings, repetitions: int, warmup: int, memories: str = "10000") -> dict:
+async def bench_search(settings: Settings, repetitions: int, warmup: int, memories: str = "10000,100000") -> dict:
     from services.retriever.bench import bench_search as run
 
     return await run(settings, repetitions, warmup, memories=memories)  # not --seconds (the sessions bench's)

@@ -190,14 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_commands(sub)
 
+    from mnemesh.index_cli import add_index_commands
+
+    add_index_commands(sub, _settings)
+
     p = sub.add_parser("bench", help="run a benchmark against its baseline and print ratios")
     p.add_argument("name", help="eventstore, bus, adapter, search, sessions, tools, write or list")
     p.add_argument("--n", type=int, default=20_000, help="write: memories per path")
     p.add_argument("--batch", type=int, default=200, help="write: batch size (stream read, WriteBatch, baseline)")
     p.add_argument("--repetitions", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000; the issue's "
-                   "second size: --memories 10000,100000)")
+    p.add_argument("--memories", help="search: memories loaded, comma-separated sizes (default 10000,100000)")
     p.add_argument("--seconds", type=float, help="sessions: how long the device writers run (default 30)")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -77,7 +77,7 @@ def memory_search(settings: Settings, ns: argparse.Namespace) -> int:
         reply = await memory_pb2_grpc.RetrieverStub(ch).Search(memory_pb2.SearchRequest(
             tenant=common_pb2.TenantContext(user_id=ns.for_user), query=ns.query, limit=ns.limit,
             layers=[LAYERS[layer] for layer in ns.layer or []], mode=ns.mode, fusion=ns.fusion,
-            two_stage=ns.two_stage, tags=ns.tag or []), timeout=10)
+            two_stage=ns.two_stage, tags=ns.tag or [], route=ns.route), timeout=10)
         if ns.json:
             from google.protobuf import json_format
 
@@ -87,7 +87,8 @@ def memory_search(settings: Settings, ns: argparse.Namespace) -> int:
             print("no memories match")
         for hit in reply.hits:
             confirm = "  (confirm before use)" if hit.must_confirm else ""
-            print(f"{hit.score:.3f}  {hit.memory.memory_id}  {hit.memory.content}{confirm}")
+            exact = "  (exact)" if hit.exact else ""
+            print(f"{hit.score:.3f}  {hit.memory.memory_id}  {hit.memory.content}{confirm}{exact}")
 
     return _run(settings, ns, "retriever", call)
 
@@ -121,6 +122,8 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
     p.add_argument("--mode", default="full", choices=["dense", "sparse", "hybrid", "full"])
     p.add_argument("--fusion", default="", choices=["", "score", "rrf"], help="default: score")
     p.add_argument("--two-stage", action="store_true", help="sparse candidates, then dense re-ranking")
+    p.add_argument("--route", default="", choices=["", "semantic", "auto", "structured"],
+                   help="auto: the memory router sends entity keys, attribute comparisons and ids to the structured path")
     p.add_argument("--tag", action="append", help="memories carrying every tag given")
     p.add_argument("--json", action="store_true", help="the reply as one JSON line")
     identity(p)

@@ -6,12 +6,14 @@ import asyncio
 
 from libs.db.notify import Notifier
 from libs.events import Envelope
+from libs.events.batches import BatchConsumer
 from libs.events.schema import MEMORY_ACCESS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
 from libs.runtime import ServiceContext
 from services.retriever.adapters.embedders import open_embedder
 from services.retriever.adapters.metrics import RetrieverMetrics
 from services.retriever.adapters.postgres import PostgresDocuments
+from services.retriever.adapters.structured import PostgresQueries
 from services.retriever.adapters.vectors import open_vector_index
 from services.retriever.domain import Bm25
 from services.retriever.entrypoints import grpc_api, streams
@@ -19,8 +21,12 @@ from services.retriever.service_layer.accesses import AccessBatcher
 from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.handlers import Retrieval
 from services.retriever.service_layer.projector import Projector
+from services.retriever.service_layer.rebuild import rebuild_index
 
 NAME = "retriever"
+EVENT_BATCH = 256  # memory events per stream read
+EVENT_BLOCK_MS = 200
+PROJECTORS = 2  # concurrent projector loops: one embeds while the other writes its batch (disjoint batches)
 MIGRATIONS = "services.retriever"
 
 
@@ -57,8 +63,13 @@ async def bootstrap(ctx: ServiceContext) -> None:
     # batches, woken by the NOTIFY of each recording's commit.
     notifier = Notifier(ctx.db.connect, PostgresDocuments.channel(ctx.db))
     ctx.closers.append(notifier.close)
-    projector = Projector(PostgresDocuments(ctx.db), retrieval, notifier.mark,
-                          notifier.wait)
-    ctx.tasks.append(projector.run)
-    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), retrieval))
-    ctx.subscribe(MEMORY_EVENTS, streams.on_memory_event(lambda conn: PostgresDocuments(ctx.db, conn), retrieval))
+    for _ in range(PROJECTORS):
+        ctx.tasks.append(Projector(PostgresDocuments(ctx.db), retrieval, notifier.mark, notifier.wait).run)
+    ctx.add_grpc(grpc_api.registration(PostgresDocuments(ctx.db), PostgresQueries(ctx.db), retrieval,
+                                       rebuild=lambda batch: rebuild_index(PostgresDocuments(ctx.db), retrieval, batch)))
+    # Memory events in batches (one XREADGROUP and one transaction per batch and tenant): consecutive
+    # memory.written are recorded in one round; the projector then embeds them as one model batch.
+    consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_EVENTS, ctx.group,
+                             streams.on_memory_batch(lambda conn: PostgresDocuments(ctx.db, conn), retrieval),
+                             ctx.verifier, batch_size=EVENT_BATCH, block_ms=EVENT_BLOCK_MS)
+    ctx.tasks.append(consumer.run)

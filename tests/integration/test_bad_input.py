@@ -48,6 +48,7 @@ RPCS = [
     ("tool-gateway", "/mnemesh.v1.ToolGateway/CallTool", tools_pb2.CallToolRequest, False),
     ("adapter", "/mnemesh.v1.Adapter/ListBackends", tools_pb2.ListBackendsRequest, False),
     ("adapter", "/mnemesh.v1.Adapter/Invoke", tools_pb2.InvokeRequest, False),
+    ("retriever", "/mnemesh.v1.Retriever/Query", memory_pb2.QueryRequest, False),
 ]
 
 
@@ -209,6 +210,14 @@ CASES = [
     ("search NUL tag", R, "Search", memory_pb2.SearchRequest(query="tea", tags=[NUL]), INVALID, "tags[0]"),
     ("search long query", R, "Search", memory_pb2.SearchRequest(query="tea " * 2_000), INVALID, "query"),
     ("search invisible query", R, "Search", memory_pb2.SearchRequest(query="\u200b"), INVALID, "query"),
+    ("search unknown route", R, "Search", memory_pb2.SearchRequest(query="tea", route="sideways"), INVALID, "route"),
+    ("query no condition", R, "Query", memory_pb2.QueryRequest(), INVALID, "where"),
+    ("query unknown operator", R, "Query",
+     memory_pb2.QueryRequest(where=[memory_pb2.QueryCondition(field="layer", op="between")]), INVALID, "where[0].op"),
+    ("query text for a layer", R, "Query", memory_pb2.QueryRequest(where=[memory_pb2.QueryCondition(
+        field="layer", op="eq", value=struct_pb2.Value(string_value="five"))]), INVALID, "where[0].value"),
+    ("query NUL attribute path", R, "Query", memory_pb2.QueryRequest(where=[memory_pb2.QueryCondition(
+        field="attributes.\x00", op="exists")]), INVALID, "where[0].field"),
     ("send NUL text", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text=NUL), INVALID,
      "text"),
     ("send invisible text", ORC, "Send", sessions_pb2.SendRequest(session_id="s1", device_id="web", text="\ufeff"),

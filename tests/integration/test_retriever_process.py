@@ -21,7 +21,7 @@ from mnemesh.infra import free_port
 
 pytestmark = pytest.mark.integration
 
-EVENTS = 600
+EVENTS = 1200
 TENANT = "acme"
 
 
@@ -91,7 +91,9 @@ async def test_a_retriever_killed_mid_projection_resumes_with_no_duplicate_and_n
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         killed_at = await _counts(conn, schema)
-        assert killed_at[0] < EVENTS, "the process finished before it was killed: nothing was tested"
+        # Events are applied in stream batches of 256, far faster than vectors are written: the kill lands
+        # mid-projection (and, when early enough, mid-stream too).
+        assert killed_at[2] < EVENTS, "the projection finished before it was killed: nothing was tested"
 
         second = _start(redis_url, database_url, namespace, tmp_path)
         final = await _until(conn, schema, second, lambda c: c == (EVENTS, EVENTS, EVENTS))

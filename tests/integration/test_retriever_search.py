@@ -200,3 +200,33 @@ async def test_forgotten_and_expired_memories_leave_search_within_one_projection
     assert await found() == {expiring_id}
     assert await found(now=NOW + timedelta(hours=2)) == set()  # expired: filtered in the index and again after
     assert retrieval.index.count("acme") == 1
+
+
+async def test_a_batch_of_memory_events_is_applied_in_order_and_one_bad_event_fails_alone(
+    db: Database, documents: PostgresDocuments, retrieval: Retrieval
+) -> None:
+    from services.retriever.entrypoints.streams import on_memory_batch
+
+    handle = on_memory_batch(lambda conn: PostgresDocuments(db, conn), retrieval)
+    tenant = common_pb2.TenantContext(tenant_id="acme", user_id="u1")
+
+    def written(memory_id: str, content: str) -> Envelope:
+        memory = common_pb2.Memory(memory_id=memory_id, tenant=tenant, layer=5, source=2, confidence=1,
+                                   content=content)
+        memory.created_at.FromDatetime(NOW)
+        return Envelope.wrap(events_pb2.MemoryWritten(memory=memory, version=1), event_type="memory.written",
+                             tenant_id="acme")
+
+    a, b, c = (str(uuid.uuid4()) for _ in range(3))
+    batch = [written(a, "passport office visit"), written(b, "passport photo booth"),
+             Envelope.wrap(events_pb2.MemoryForgotten(tenant=tenant, memory_ids=[a]), event_type="memory.forgotten",
+                           tenant_id="acme"),
+             written("not-a-uuid", "passport broken event"), written(c, "passport renewal form"),
+             written(a, "passport office visit again")]  # after its forget: stays forgotten
+    async with db.transaction("acme") as conn:
+        outcomes = await handle("acme", batch, conn)
+    assert [o is None for o in outcomes] == [True, True, True, False, True, True]
+    while await project_pending(documents, retrieval):
+        pass
+    hits = await search(SearchQuery("acme", "u1", "passport", mode="sparse"), documents, retrieval)
+    assert {h.document.memory_id for h in hits} == {b, c}

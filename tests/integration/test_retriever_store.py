@@ -243,3 +243,42 @@ async def test_concurrent_written_and_forgotten_events_in_either_order_never_lea
     vectors = edge.count("acme")
     edge.close()
     assert (left, tombstones, documents_kept, unprojected, vectors) == (0, len(ids), len(kept), 0, len(kept))
+
+
+async def test_amending_a_memory_rewrites_its_payload_in_place_without_embedding_it_again(
+    documents: PostgresDocuments, index,
+) -> None:
+    from services.retriever.service_layer.handlers import (
+        archive_documents,
+        confirm_document,
+        index_document,
+        merge_into_document,
+    )
+
+    calls: list[int] = []
+
+    class Counting(HashEmbedder):
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            calls.append(len(texts))
+            return super().embed(texts)
+
+    retrieval = Retrieval(index, BatchingEmbedder(Counting(DIM)), Bm25())
+    d = document("acme", "passport renewal at the embassy", confidence=2)
+    await index_document(d, documents, retrieval)
+    assert calls == [1]
+
+    def payload() -> dict:
+        return index.retrieve("acme", [d.memory_id])[d.memory_id]
+
+    assert await archive_documents("acme", [d.memory_id], documents, index) == 1
+    assert payload()["archived"] == 1  # at once, not after a projection cycle
+    assert await confirm_document("acme", d.memory_id, 1, NOW + timedelta(days=30), documents, index=index) == 1
+    assert payload()["archived"] == 0 and payload()["confidence"] == 1
+    assert payload()["expires_at"] == pytest.approx((NOW + timedelta(days=30)).timestamp())
+    assert await merge_into_document("acme", d.memory_id, 3.0, ["travel"], ["turn-1"], documents, index) == 1
+    assert payload()["engagement"] == 3.0 and payload()["tags"] == ["travel"] and payload()["derived_from"] == ["turn-1"]
+    assert await archive_documents("globex", [d.memory_id], documents, index) == 0  # another tenant's: untouched
+    assert payload()["archived"] == 0 and payload()["content"] == d.content
+    assert calls == [1]  # nothing was embedded again
+    async with documents.pending(10) as queued:
+        assert queued == []  # nor queued for the projector

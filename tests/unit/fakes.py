@@ -239,6 +239,12 @@ class FakeVectorIndex:
         for d, dense, sparse in documents:
             self.points[d.memory_id] = (payload_of(d), dense, sparse)
 
+    def set_payloads(self, tenant_id: str, documents) -> None:
+        for d in documents:
+            point = self.points.get(d.memory_id)
+            if point is not None and point[0]["tenant_id"] == tenant_id:
+                self.points[d.memory_id] = ({**point[0], **payload_of(d)}, point[1], point[2])
+
     def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
         return {m: p for m in memory_ids if (point := self.points.get(m)) and (p := point[0])["tenant_id"] == tenant_id}
 

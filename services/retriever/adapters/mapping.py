@@ -8,8 +8,10 @@ from google.protobuf import json_format, timestamp_pb2
 
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2
 from services.retriever.domain import Document, Hit, SearchQuery
+from services.retriever.domain.structured import Condition, StructuredQuery
 
-__all__ = ["document_from_proto", "hit_to_proto", "query_from_proto"]
+__all__ = ["condition_to_proto", "document_from_proto", "hit_to_proto", "memory_to_proto", "query_from_proto",
+           "structured_query_from_proto"]
 
 
 def _dt(ts: timestamp_pb2.Timestamp, present: bool):
@@ -49,12 +51,27 @@ def query_from_proto(r: memory_pb2.SearchRequest, tenant_id: str | None = None) 
         include_archived=r.include_archived, two_stage=r.two_stage, candidates=r.candidates or defaults.candidates,
         recency_weight=opt("recency_weight"), confidence_weight=opt("confidence_weight"),
         engagement_weight=opt("engagement_weight"), half_life_days=opt("half_life_days"),
-        dense_weight=opt("dense_weight"),
+        dense_weight=opt("dense_weight"), route=r.route,
     )
 
 
-def hit_to_proto(h: Hit) -> memory_pb2.SearchHit:
-    d = h.document
+def structured_query_from_proto(r: memory_pb2.QueryRequest) -> StructuredQuery:
+    """The tenant is the request's, which the auth interceptor has set to the token's."""
+    return StructuredQuery(
+        tenant_id=r.tenant.tenant_id, user_id=r.tenant.user_id, session_id=r.tenant.session_id,
+        conditions=tuple(Condition(c.field, c.op, json_format.MessageToDict(c.value) if c.HasField("value") else None)
+                         for c in r.where),
+        limit=r.limit, include_archived=r.include_archived, order_by=r.order_by, ascending=r.ascending)
+
+
+def condition_to_proto(c: Condition) -> memory_pb2.QueryCondition:
+    out = memory_pb2.QueryCondition(field=c.field, op=c.op)
+    if c.value is not None:
+        json_format.ParseDict(c.value, out.value)
+    return out
+
+
+def memory_to_proto(d: Document) -> common_pb2.Memory:
     created, expires = timestamp_pb2.Timestamp(), None
     created.FromDatetime(d.created_at)
     if d.expires_at:
@@ -68,5 +85,10 @@ def hit_to_proto(h: Hit) -> memory_pb2.SearchHit:
     )
     if d.attributes:
         memory.attributes.update(d.attributes)
-    return memory_pb2.SearchHit(memory=memory, score=h.score, must_confirm=h.must_confirm, age_seconds=h.age_seconds,
-                                dense_score=h.dense, sparse_score=h.sparse, fused_score=h.fused, recency=h.recency)
+    return memory
+
+
+def hit_to_proto(h: Hit) -> memory_pb2.SearchHit:
+    return memory_pb2.SearchHit(memory=memory_to_proto(h.document), score=h.score, must_confirm=h.must_confirm,
+                                age_seconds=h.age_seconds, dense_score=h.dense, sparse_score=h.sparse,
+                                fused_score=h.fused, recency=h.recency, exact=h.exact)

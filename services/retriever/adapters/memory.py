@@ -49,6 +49,10 @@ class InMemoryDocuments:
             self.recorded.set()
         return recorded
 
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        for d, version in items:
+            await self.record(d, version)
+
     @contextlib.asynccontextmanager
     async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
         taken = []
@@ -65,8 +69,10 @@ class InMemoryDocuments:
             for m in taken:
                 self._locks[m].release()
 
-    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
-        changed = 0
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document],
+                    then: Callable[[list[Document]], Awaitable[None]] | None = None) -> int:
+        changed, indexed, before = 0, [], dict(self.documents)
+        queued = dict(self.unprojected)
         for m in sorted(set(memory_ids)):
             await self._locks[m].acquire()
         try:
@@ -75,13 +81,22 @@ class InMemoryDocuments:
                 if d is None or d.tenant_id != tenant_id or (new := change(d)) == d:
                     continue
                 self.documents[m] = new
+                changed += 1
+                if then is not None and m not in self.unprojected:
+                    indexed.append(new)
+                    continue
                 self.unprojected.pop(m, None)
                 self.unprojected[m] = None  # queued again, at the end, for the projector
-                changed += 1
+            if indexed:
+                try:
+                    await then(indexed)
+                except BaseException:  # as a rolled-back transaction: nothing is kept
+                    self.documents, self.unprojected = before, queued
+                    raise
         finally:
             for m in sorted(set(memory_ids)):
                 self._locks[m].release()
-        if changed:
+        if changed and not indexed:
             self.recorded.set()
         return changed
 

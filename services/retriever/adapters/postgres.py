@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 
 import asyncpg
 
 from libs.db import Database, rowcount
 from services.retriever.domain import Document
 
-__all__ = ["PostgresDocuments"]
+__all__ = ["COLUMNS", "PostgresDocuments", "document_of_row"]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::text[]) AS m ORDER BY m"
 # The same lock, only where free: the projector never waits for a handler (nor a handler for a deadlock).
@@ -37,13 +38,13 @@ _UPSERT = (
     " version = EXCLUDED.version, projected = EXCLUDED.projected, indexed_at = now()"
     " WHERE documents.version <= EXCLUDED.version"
 )
-_COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
+COLUMNS = ("memory_id::text AS memory_id, tenant_id, user_id, session_id, layer, source, confidence, content,"
             " terms, tags, created_at, expires_at, key, derived_from, engagement, archived, step_id,"
             " attributes")
 
 
-def _document(r: asyncpg.Record) -> Document:
-    return Document(**{**dict(r), "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
+def document_of_row(r: asyncpg.Record) -> Document:
+    return Document(**{**{k: v for k, v in r.items() if k != "projected"}, "terms": tuple(r["terms"]), "tags": tuple(r["tags"]),
                        "derived_from": tuple(r["derived_from"]), "attributes": dict(r["attributes"])})
 
 
@@ -81,12 +82,15 @@ class PostgresDocuments:
         return await self._in_transaction(d.tenant_id, work)
 
     @staticmethod
-    async def _write(conn: asyncpg.Connection, d: Document, version: int, *, projected: bool) -> bool:
-        return rowcount(await conn.execute(
-            _UPSERT, d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
-            d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
-            d.engagement, d.archived, d.step_id, d.attributes,  # jsonb: the pool codec encodes it
-            version, projected)) == 1
+    def _arguments(d: Document, version: int, projected: bool) -> tuple:
+        return (d.memory_id, d.tenant_id, d.user_id, d.session_id, d.layer, d.source, d.confidence,
+                d.content, list(d.terms), list(d.tags), d.created_at, d.expires_at, d.key, list(d.derived_from),
+                d.engagement, d.archived, d.step_id, d.attributes,  # jsonb: the pool codec encodes it
+                version, projected)
+
+    @classmethod
+    async def _write(cls, conn: asyncpg.Connection, d: Document, version: int, *, projected: bool) -> bool:
+        return rowcount(await conn.execute(_UPSERT, *cls._arguments(d, version, projected))) == 1
 
     async def record(self, d: Document, version: int = 0) -> bool:
         """Record `d` for the projector (its vectors come later, in a batch) unless its memory was forgotten
@@ -100,6 +104,18 @@ class PostgresDocuments:
 
         return await self._in_transaction(d.tenant_id, work)
 
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        """As record, for many documents of one tenant (document, version): their locks, one pipelined
+        statement for all, one NOTIFY, one transaction (or savepoint)."""
+        tenant_id = items[0][0].tenant_id
+
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(_LOCK, list(dict.fromkeys(d.memory_id for d, _ in items)))
+            await conn.executemany(_UPSERT, [self._arguments(d, version, False) for d, version in items])
+            await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
+
+        await self._in_transaction(tenant_id, work)
+
     @contextlib.asynccontextmanager
     async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
         """Up to `limit` recorded documents whose vectors are not written yet, each under its memory's lock
@@ -109,34 +125,42 @@ class PostgresDocuments:
             candidates = [r[0] for r in await conn.fetch(
                 "SELECT memory_id::text FROM documents WHERE NOT projected ORDER BY indexed_at LIMIT $1", limit)]
             locked = [r[0] for r in await conn.fetch(_TRY_LOCK, candidates)] if candidates else []
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
                                     " AND NOT projected", locked) if locked else []
-            documents = [_document(r) for r in rows]
+            documents = [document_of_row(r) for r in rows]
             yield documents
             if documents:
                 await conn.execute("UPDATE documents SET projected = true WHERE memory_id = ANY($1::uuid[])",
                                    [d.memory_id for d in documents])
 
-    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
-        """Apply `change` to the tenant's documents among `memory_ids` under their locks and queue each one
-        it changed for the projector, which rewrites its payload in the vector index (archived, confidence,
-        expiry, engagement, tags). A forgotten or unknown memory is left alone. How many changed."""
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document],
+                    then: Callable[[list[Document]], Awaitable[None]] | None = None) -> int:
+        """Apply `change` to the tenant's documents among `memory_ids` under their locks. `then` gets the
+        changed documents whose vectors are written (it rewrites their index payload, under the same locks;
+        if it fails nothing is kept); without `then`, or for a document still queued, the projector writes
+        the new payload. A forgotten or unknown memory is left alone. How many changed."""
         async def work(conn: asyncpg.Connection) -> int:
             await conn.execute(_LOCK, memory_ids)
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+            rows = await conn.fetch(f"SELECT {COLUMNS}, projected FROM documents WHERE tenant_id = $1"
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
-            changed = 0
-            for d in map(_document, rows):
+            changed, indexed = 0, []
+            for r in rows:
+                d = document_of_row(r)
                 new = change(d)
                 if new == d:
                     continue
                 await conn.execute(
                     "UPDATE documents SET confidence = $2, expires_at = $3, engagement = $4, archived = $5,"
-                    " tags = $6, derived_from = $7, projected = false, indexed_at = now() WHERE memory_id = $1",
+                    " tags = $6, derived_from = $7, projected = projected AND $8, indexed_at = now()"
+                    " WHERE memory_id = $1",
                     d.memory_id, new.confidence, new.expires_at, new.engagement, new.archived, list(new.tags),
-                    list(new.derived_from))
+                    list(new.derived_from), then is not None)
                 changed += 1
-            if changed:
+                if r["projected"]:
+                    indexed.append(new)
+            if then is not None and indexed:
+                await then(indexed)
+            elif changed:
                 await conn.execute("SELECT pg_notify($1, '')", self.channel(self.db))
             return changed
 
@@ -165,9 +189,55 @@ class PostgresDocuments:
         if not memory_ids:
             return {}
         async with self.db.transaction(tenant_id) as conn:
-            rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1"
+            rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1"
                                     " AND memory_id = ANY($2::uuid[])", tenant_id, memory_ids)
-        return {r["memory_id"]: _document(r) for r in rows}
+        return {r["memory_id"]: document_of_row(r) for r in rows}
+
+    async def count_all(self) -> int:
+        """Every document of every tenant (a rebuild's total)."""
+        async with self.db.system_transaction() as conn:
+            return await conn.fetchval("SELECT count(*) FROM documents")
+
+    @contextlib.asynccontextmanager
+    async def locked_batch(self, after: str, limit: int) -> AsyncIterator[tuple[list[Document], str | None]]:
+        """The next `limit` documents of every tenant after memory id `after`, each under its memory's lock
+        until the body returns: a rebuild copies what the projection holds, and no handler, projector or
+        forget changes those memories meanwhile (each of them writes the index under the same lock). Yields
+        the documents and the id the next batch starts after (None: none left)."""
+        async with self.db.system_transaction() as conn:
+            ids = [r[0] for r in await conn.fetch("SELECT memory_id::text FROM documents WHERE memory_id > $1::uuid"
+                                                  " ORDER BY memory_id LIMIT $2", after, limit)]
+            # and where the next batch starts (None: no more), as rows may have gone meanwhile
+            yield await self._locked(conn, ids), (ids[-1] if ids else None)
+
+    @contextlib.asynccontextmanager
+    async def locked_documents(self, memory_ids: list[str]) -> AsyncIterator[list[Document]]:
+        """These documents (of any tenant, those still there), under their memories' locks until the body
+        returns."""
+        async with self.db.system_transaction() as conn:
+            yield await self._locked(conn, memory_ids)
+
+    @staticmethod
+    async def _locked(conn: asyncpg.Connection, ids: list[str]) -> list[Document]:
+        if not ids:
+            return []
+        await conn.execute(_LOCK, ids)
+        rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
+                                " ORDER BY memory_id", ids)
+        return [document_of_row(r) for r in rows]
+
+    async def clock(self) -> datetime:
+        async with self.db.system_transaction() as conn:
+            return await conn.fetchval("SELECT clock_timestamp()")
+
+    async def changed_since(self, since: datetime) -> tuple[list[str], list[tuple[str, str]]]:
+        """Memories recorded or amended since `since` (ids), and memories forgotten since (tenant, id)."""
+        async with self.db.system_transaction() as conn:
+            changed = [r[0] for r in await conn.fetch(
+                "SELECT memory_id::text FROM documents WHERE indexed_at >= $1 ORDER BY memory_id", since)]
+            forgotten = [(r[0], r[1]) for r in await conn.fetch(
+                "SELECT tenant_id, memory_id::text FROM tombstones WHERE forgotten_at >= $1", since)]
+        return changed, forgotten
 
     async def all_documents(self, tenant_id: str | None, batch: int = 500):
         """Every indexed document (one tenant, or all of them: cross-tenant machinery such as a rebuild)."""
@@ -175,13 +245,13 @@ class PostgresDocuments:
         while True:
             if tenant_id is None:
                 async with self.db.system_transaction() as conn:
-                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE memory_id > $1::uuid"
+                    rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id > $1::uuid"
                                             " ORDER BY memory_id LIMIT $2", after, batch)
             else:
                 async with self.db.transaction(tenant_id) as conn:
-                    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM documents WHERE tenant_id = $1 AND"
+                    rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE tenant_id = $1 AND"
                                             " memory_id > $2::uuid ORDER BY memory_id LIMIT $3", tenant_id, after, batch)
             if not rows:
                 return
-            yield [_document(r) for r in rows]
+            yield [document_of_row(r) for r in rows]
             after = rows[-1]["memory_id"]

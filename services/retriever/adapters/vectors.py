@@ -10,65 +10,16 @@ the event loop.
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from services.retriever.domain import Document, SearchQuery, SparseVector, redact
+from services.retriever.adapters.payloads import COLLECTION, DENSE_SIZE, IndexQuery, document_of, payload_of
+from services.retriever.adapters.qdrant_server import ServerVectorIndex, client_guard
+from services.retriever.domain import Document, SearchQuery, SparseVector
 
 __all__ = ["COLLECTION", "DENSE_SIZE", "EdgeVectorIndex", "IndexQuery", "ServerVectorIndex", "document_of",
-           "open_vector_index", "payload_of"]
-
-DENSE_SIZE = 512  # the default embedder's (use-multilingual); the index takes the embedder's size
-COLLECTION = "memories"
-
-
-def _clean(text: str) -> bool:
-    return redact(text) == text
-
-
-def payload_of(d: Document) -> dict:
-    payload = {"tenant_id": d.tenant_id, "memory_id": d.memory_id, "user_id": d.user_id, "session_id": d.session_id,
-               "layer": d.layer, "confidence": d.confidence, "tags": list(d.tags),
-               "archived": int(d.archived),  # 0/1: qdrant-edge 0.9 matches no boolean payload with MatchValue(True)
-               "created_at": d.created_at.timestamp(),
-               "expires_at": d.expires_at.timestamp() if d.expires_at else None,
-               "source": d.source, "derived_from": list(d.derived_from), "engagement": d.engagement,
-               "step_id": d.step_id}
-    if _clean(d.content) and _clean(d.key) and _clean(json.dumps(d.attributes, ensure_ascii=False)):
-        payload.update(content=d.content, key=d.key, attributes=d.attributes, complete=True)
-    else:  # a sensitive value stays in PostgreSQL only: the hit is read back from there
-        payload["complete"] = False
-    return payload
-
-
-def document_of(payload: dict) -> Document | None:
-    """The document a complete payload carries (None: read it back from PostgreSQL)."""
-    if not payload.get("complete"):
-        return None
-    expires = payload.get("expires_at")
-    return Document(
-        memory_id=payload["memory_id"], tenant_id=payload["tenant_id"], user_id=payload["user_id"],
-        session_id=payload["session_id"], layer=payload["layer"], source=payload["source"],
-        confidence=payload["confidence"], content=payload["content"], terms=(), tags=tuple(payload["tags"]),
-        created_at=datetime.fromtimestamp(payload["created_at"], UTC),
-        expires_at=datetime.fromtimestamp(expires, UTC) if expires is not None else None, key=payload["key"],
-        derived_from=tuple(payload["derived_from"]), engagement=payload["engagement"],
-        archived=bool(payload["archived"]), step_id=payload["step_id"], attributes=payload["attributes"] or {})
-
-
-@dataclass(frozen=True)
-class IndexQuery:
-    """What one search asks the index: the filters, a dense and/or a sparse query vector."""
-
-    query: SearchQuery
-    dense: list[float] | None
-    sparse: SparseVector | None
-    now: datetime
-    limit: int
-    two_stage: bool = False  # sparse candidates, then dense re-ranking of those only
+           "client_guard", "open_vector_index", "payload_of"]
 
 
 class EdgeVectorIndex:
@@ -133,6 +84,16 @@ class EdgeVectorIndex:
             self.shard.update(qe.UpdateOperation.upsert_points(points))
             self.dirty = True
 
+    def set_payloads(self, tenant_id: str, documents: list[Document]) -> None:
+        """Rewrite the payload of these points (archived, confidence, expiry, engagement, tags...) without
+        touching their vectors; a point not in the index (not projected yet) is left alone."""
+        qe = self._qe
+        for d in documents:
+            self.shard.update(qe.UpdateOperation.set_payload_by_filter(qe.Filter(must=[
+                qe.FieldCondition(key="tenant_id", match=qe.MatchValue(tenant_id)),
+                qe.HasIdCondition(point_ids={uuid.UUID(d.memory_id)})]), payload_of(d)))
+        self.dirty = self.dirty or bool(documents)
+
     def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """(dense hits, sparse hits), each best first, as (memory_id, score)."""
         qe = self._qe
@@ -184,113 +145,13 @@ class EdgeVectorIndex:
         self.shard.close()
 
 
-class ServerVectorIndex:
-    """A collection on a Qdrant server, through qdrant-client (":memory:" is its local mode, for tests)."""
-
-    def __init__(self, url: str, *, dim: int = DENSE_SIZE, hnsw_m: int = 16, hnsw_ef_construct: int = 100,
-                 collection: str = COLLECTION) -> None:
-        from qdrant_client import QdrantClient, models
-
-        self._m, self.collection = models, collection
-        self.client = QdrantClient(location=url) if url == ":memory:" else QdrantClient(url=url)
-        if not self.client.collection_exists(collection):
-            self.client.create_collection(
-                collection,
-                vectors_config={"dense": models.VectorParams(size=dim, distance=models.Distance.COSINE)},
-                sparse_vectors_config={"sparse": models.SparseVectorParams(modifier=models.Modifier.IDF)},
-                hnsw_config=models.HnswConfigDiff(m=hnsw_m, ef_construct=hnsw_ef_construct, payload_m=hnsw_m),
-            )
-            if url != ":memory:":  # local mode has no payload indexes (and warns about them)
-                self.client.create_payload_index(collection, "tenant_id", models.KeywordIndexParams(
-                    type=models.KeywordIndexType.KEYWORD, is_tenant=True))
-                for key in ("user_id", "session_id", "tags"):
-                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.KEYWORD)
-                for key in ("created_at", "expires_at"):
-                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.FLOAT)
-                for key in ("layer", "confidence", "archived"):
-                    self.client.create_payload_index(collection, key, models.PayloadSchemaType.INTEGER)
-
-    def _filter(self, tenant_id: str | None, q: SearchQuery | None = None, now: datetime | None = None,
-                memory_ids: list[str] | None = None):
-        m = self._m
-        must: list = [m.FieldCondition(key="tenant_id", match=m.MatchValue(value=tenant_id))] if tenant_id else []
-        must_not: list = []
-        if memory_ids:
-            must.append(m.HasIdCondition(has_id=memory_ids))
-        if q is not None:
-            if q.user_id:
-                must.append(m.FieldCondition(key="user_id", match=m.MatchValue(value=q.user_id)))
-            if q.session_id:
-                must.append(m.FieldCondition(key="session_id", match=m.MatchValue(value=q.session_id)))
-            if q.layers:
-                must.append(m.FieldCondition(key="layer", match=m.MatchAny(any=list(q.layers))))
-            for tag in q.tags:
-                must.append(m.FieldCondition(key="tags", match=m.MatchValue(value=tag)))
-            if q.since or q.until:
-                must.append(m.FieldCondition(key="created_at", range=m.Range(
-                    gte=q.since.timestamp() if q.since else None, lt=q.until.timestamp() if q.until else None)))
-            if q.min_confidence:
-                must.append(m.FieldCondition(key="confidence", match=m.MatchAny(any=list(range(1, q.min_confidence + 1)))))
-            if not q.include_archived:
-                must_not.append(m.FieldCondition(key="archived", match=m.MatchValue(value=1)))
-        if now is not None:
-            must_not.append(m.FieldCondition(key="expires_at", range=m.Range(lte=now.timestamp())))
-        return m.Filter(must=must, must_not=must_not or None)
-
-    def upsert(self, documents: list[tuple[Document, list[float], SparseVector]]) -> None:
-        m = self._m
-        points = []
-        for d, dense, sparse in documents:
-            vector: dict = {"dense": dense}
-            if sparse:
-                vector["sparse"] = m.SparseVector(indices=list(sparse.indices), values=list(sparse.values))
-            points.append(m.PointStruct(id=d.memory_id, vector=vector, payload=payload_of(d)))
-        if points:
-            self.client.upsert(self.collection, points=points)
-
-    def query(self, iq: IndexQuery) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-        m = self._m
-        flt = self._filter(iq.query.tenant_id, iq.query, iq.now)
-        sparse_hits: list[tuple[str, float]] = []
-        dense_hits: list[tuple[str, float]] = []
-        if iq.sparse:
-            vec = m.SparseVector(indices=list(iq.sparse.indices), values=list(iq.sparse.values))
-            hits = self.client.query_points(self.collection, query=vec, using="sparse", query_filter=flt,
-                                            limit=iq.limit, with_payload=["memory_id"]).points
-            sparse_hits = [(h.payload["memory_id"], h.score) for h in hits]
-        if iq.dense is not None:
-            if iq.two_stage:
-                if not sparse_hits:
-                    return [], []
-                flt = self._filter(iq.query.tenant_id, iq.query, iq.now, [mid for mid, _ in sparse_hits])
-            hits = self.client.query_points(self.collection, query=iq.dense, using="dense", query_filter=flt,
-                                            limit=iq.limit, with_payload=["memory_id"]).points
-            dense_hits = [(h.payload["memory_id"], h.score) for h in hits]
-        return dense_hits, sparse_hits
-
-    def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]:
-        if not memory_ids:
-            return {}
-        records = self.client.retrieve(self.collection, ids=memory_ids, with_payload=True, with_vectors=False)
-        return {r.payload["memory_id"]: r.payload for r in records if r.payload.get("tenant_id") == tenant_id}
-
-    def delete(self, tenant_id: str, memory_ids: list[str]) -> None:
-        self.client.delete(self.collection, points_selector=self._m.FilterSelector(
-            filter=self._filter(tenant_id, memory_ids=memory_ids)))
-
-    def optimize(self) -> bool:
-        return False  # a Qdrant server optimizes its segments itself
-
-    def count(self, tenant_id: str | None = None) -> int:
-        return self.client.count(self.collection, count_filter=self._filter(tenant_id), exact=True).count
-
-    def close(self) -> None:
-        self.client.close()
-
 
 def open_vector_index(qdrant_url: str | None, data_dir: Path, *, dim: int = DENSE_SIZE, hnsw_m: int = 16,
                       hnsw_ef_construct: int = 100):
-    if qdrant_url:
-        return ServerVectorIndex(qdrant_url, dim=dim, hnsw_m=hnsw_m, hnsw_ef_construct=hnsw_ef_construct)
-    return EdgeVectorIndex(data_dir / "qdrant" / f"{COLLECTION}-{dim}", dim=dim, hnsw_m=hnsw_m,
-                           hnsw_ef_construct=hnsw_ef_construct)
+    """The current generation of the index (see generations.py), behind a switch a rebuild can swap."""
+    from services.retriever.adapters.generations import EdgeGenerations, ServerGenerations, SwitchableIndex
+
+    hnsw = {"dim": dim, "hnsw_m": hnsw_m, "hnsw_ef_construct": hnsw_ef_construct}
+    generations = (ServerGenerations(qdrant_url, **hnsw) if qdrant_url
+                   else EdgeGenerations(data_dir / "qdrant", **hnsw))
+    return SwitchableIndex(generations)

@@ -18,6 +18,7 @@ LAYERS = range(1, 7)  # mnemesh.v1.MemoryLayer SESSION..PROCEDURAL
 CONFIDENCES = range(4)  # mnemesh.v1.Confidence: 0 any, 1 strong .. 3 weak
 MODES = ("dense", "sparse", "hybrid", "full")
 FUSIONS = ("rrf", "score")
+ROUTES = ("semantic", "auto", "structured")
 RRF_K = 60.0
 Mode = Literal["dense", "sparse", "hybrid", "full"]
 
@@ -80,6 +81,7 @@ class SearchQuery:
     engagement_weight: float = 0.05
     half_life_days: float = 30.0
     terms: tuple[str, ...] = field(default=())
+    route: str = "semantic"  # the memory router: semantic | auto | structured
 
     def validated(self) -> SearchQuery:
         if not self.tenant_id:
@@ -113,7 +115,11 @@ class SearchQuery:
             raise ValidationFailed("must be between 1 and 10000", field="candidates")
         if self.until and self.since and self.until <= self.since:
             raise ValidationFailed("must be after since", field="until")
-        return replace(self, limit=self.limit or 10, mode=mode, fusion=fusion)
+        route = self.route or "semantic"
+        if route not in ROUTES:
+            raise ValidationFailed(f"must be one of {', '.join(ROUTES)}", field="route",
+                                   hint="auto lets the memory router choose the structured path, the semantic one or both")
+        return replace(self, limit=self.limit or 10, mode=mode, fusion=fusion, route=route)
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class Hit:
     sparse: float | None = None
     fused: float = 0.0
     recency: float = 0.0
+    exact: bool = False  # matched every condition of the structured path
 
 
 def fuse(dense: list[tuple[str, float]], sparse: list[tuple[str, float]], q: SearchQuery) -> list[Candidate]:

@@ -115,7 +115,10 @@ class Bm25:
     segmenter: Segmenter = "jieba"
 
     def document(self, text: str) -> SparseVector:
-        found = terms(redact(text), self.segmenter)
+        return self.vector(terms(redact(text), self.segmenter))
+
+    def vector(self, found: list[str]) -> SparseVector:
+        """The document vector of its terms (as `terms` returns them, duplicates kept)."""
         counts = Counter(term_id(t) for t in found)
         norm = self.k1 * (1 - self.b + self.b * len(found) / self.avg_len)
         items = sorted((i, tf * (self.k1 + 1) / (tf + norm)) for i, tf in counts.items())

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from libs.progress import progress_bar
 from services.retriever.domain import Document, SearchQuery
 from services.retriever.service_layer.handlers import Retrieval, index_document, search
 from services.retriever.service_layer.ports import DocumentStore
@@ -117,12 +117,6 @@ def _scores(ranked: list[str], evidence: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def _progress(label: str, done: int, total: int) -> None:
-    if sys.stderr.isatty() or done == total:
-        bar = "#" * int(30 * done / max(total, 1))
-        print(f"\r{label:<10} [{bar:<30}] {done}/{total}", end="\n" if done == total else "", file=sys.stderr)
-
-
 async def evaluate(dataset: Dataset, store: DocumentStore, retrieval: Retrieval, *,
                    modes: tuple[str, ...] = ("dense", "sparse", "hybrid", "full"), progress: bool = True,
                    fusion: str = "") -> dict:
@@ -131,7 +125,7 @@ async def evaluate(dataset: Dataset, store: DocumentStore, retrieval: Retrieval,
     for start in range(0, len(documents), 256):  # concurrent, so the embedder sees full batches
         await asyncio.gather(*(index_document(d, store, retrieval) for d in documents[start:start + 256]))
         if progress:
-            _progress("ingest", min(start + 256, len(documents)), len(documents))
+            progress_bar("ingest", min(start + 256, len(documents)), len(documents))
     last = {c["id"]: max(_date(s["date"]) for s in c["sessions"]) + timedelta(days=1) for c in dataset.conversations}
     turn_of = {d.memory_id: d.attributes["turn_id"] for d in documents}
     per: dict[str, dict[str, list[dict[str, float]]]] = {m: defaultdict(list) for m in modes}
@@ -143,7 +137,7 @@ async def evaluate(dataset: Dataset, store: DocumentStore, retrieval: Retrieval,
             per[mode][q.category].append(scores)
             per[mode]["overall"].append(scores)
         if progress:
-            _progress("questions", n, len(dataset.questions))
+            progress_bar("questions", n, len(dataset.questions))
     report = {mode: {cat: {k: round(sum(s[k] for s in rows) / len(rows), 4) for k in rows[0]} | {"n": len(rows)}
                      for cat, rows in cats.items()} for mode, cats in per.items()}
     return {"memories": len(documents), "questions": len(dataset.questions), "results": report}

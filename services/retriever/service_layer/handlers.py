@@ -16,7 +16,7 @@ from services.retriever.service_layer.batching import BatchingEmbedder
 from services.retriever.service_layer.ports import DocumentStore, VectorIndex
 
 __all__ = ["PROJECTION_BATCH", "Retrieval", "archive_documents", "confirm_document", "encode", "forget_documents",
-           "index_document", "merge_into_document", "project_pending", "record_document", "search"]
+           "index_document", "merge_into_document", "project_pending", "record_document", "record_documents", "search"]
 
 log = logging.getLogger("mnemesh.retriever")
 
@@ -45,10 +45,6 @@ def _normalised(v: list[float]) -> list[float]:
     return [x / norm for x in v]
 
 
-def _with_terms(d: Document, bm25: Bm25) -> Document:
-    return replace(d, terms=tuple(dict.fromkeys(terms(redact(d.indexed_text()), bm25.segmenter))))
-
-
 async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document, list[float], SparseVector]]:
     """Dense and sparse vectors of a batch: one call to the embedder for every text of the batch (the
     turn's own meaning first, its context, if any, as a lighter second component)."""
@@ -57,14 +53,19 @@ async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document
     texts = [redact(d.indexed_text()) for d in documents]
     contexts = [redact(c) if (c := d.context()) else "" for d in documents]
     started = time.perf_counter()
-    vectors = iter(await r.embedder.embed(texts + [c for c in contexts if c]))
+    embedding = asyncio.ensure_future(r.embedder.embed(texts + [c for c in contexts if c]))
+    for _ in range(3):  # let the batching worker hand the texts to the model's thread...
+        await asyncio.sleep(0)
+    # ...and segment meanwhile, once per text: the document's terms and its BM25 vector
+    found = [terms(text, r.bm25.segmenter) for text in texts]
+    vectors = iter(await embedding)
     own = [next(vectors) for _ in texts]
     out = []
-    for d, text, context, dense in zip(documents, texts, contexts, own, strict=True):
+    for d, context, dense, words in zip(documents, contexts, own, found, strict=True):
         if context:
             around = next(vectors)
             dense = _normalised([a + CONTEXT_WEIGHT * b for a, b in zip(dense, around, strict=True)])
-        out.append((_with_terms(d, r.bm25), dense, r.bm25.document(text)))
+        out.append((replace(d, terms=tuple(dict.fromkeys(words))), dense, r.bm25.vector(words)))
     r._timed("embed_document", started)
     return out
 
@@ -81,9 +82,17 @@ async def index_document(document: Document, store: DocumentStore, r: Retrieval,
 
 
 async def record_document(document: Document, store: DocumentStore, r: Retrieval, version: int = 0) -> bool:
-    """The event's part of indexing (a memory.written): record the document, with its BM25 terms, for the
-    projector, unless its memory was forgotten or a newer version is recorded. True when recorded."""
-    return await store.record(_with_terms(document, r.bm25), version)
+    """The event's part of indexing (a memory.written): record the document for the projector, unless its
+    memory was forgotten or a newer version is recorded. True when recorded. Nothing is segmented or
+    embedded here: the projector does both, once, in batches."""
+    return await store.record(document, version)
+
+
+async def record_documents(items: list[tuple[Document, int]], store: DocumentStore) -> None:
+    """Many memory.written of one tenant at once (a batch read from the stream): one statement round for
+    all, with the same rules as record_document for each (tombstones, versions)."""
+    if items:
+        await store.record_many(items)
 
 
 async def project_pending(store: DocumentStore, r: Retrieval, limit: int = PROJECTION_BATCH) -> int:
@@ -117,30 +126,43 @@ async def forget_documents(tenant_id: str, memory_ids: list[str], store: Documen
     return await store.delete(tenant_id, memory_ids, then=purge, tombstone=tombstone)
 
 
-async def archive_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore) -> int:
-    """Out of default search, kept for include_archived (archived, superseded): the projection's flag and,
-    through the projector, the index payload's. How many changed."""
-    return await store.amend(tenant_id, memory_ids, lambda d: replace(d, archived=True))
+def _payloads(tenant_id: str, index: VectorIndex | None):
+    """What amends the index: the changed documents' payloads rewritten in place (no re-embedding)."""
+    if index is None:
+        return None
+
+    async def write(documents: list[Document]) -> None:
+        await asyncio.to_thread(index.set_payloads, tenant_id, documents)  # a blocking client: off the loop
+
+    return write
+
+
+async def archive_documents(tenant_id: str, memory_ids: list[str], store: DocumentStore,
+                            index: VectorIndex | None = None) -> int:
+    """Out of default search, kept for include_archived (archived, superseded): the projection's flag and the
+    index payload's, rewritten in place (without `index`: by the projector). How many changed."""
+    return await store.amend(tenant_id, memory_ids, lambda d: replace(d, archived=True),
+                             then=_payloads(tenant_id, index))
 
 
 async def confirm_document(tenant_id: str, memory_id: str, confidence: int, expires_at: datetime | None,
-                           store: DocumentStore, supersedes: str = "") -> int:
+                           store: DocumentStore, supersedes: str = "", index: VectorIndex | None = None) -> int:
     """A confirmed memory: its new confidence (must_confirm follows from it) and expiry, and current again
     (a confirmed candidate); the value it supersedes leaves default search."""
     changed = await store.amend(tenant_id, [memory_id], lambda d: replace(
-        d, confidence=confidence, expires_at=expires_at, archived=False))
+        d, confidence=confidence, expires_at=expires_at, archived=False), then=_payloads(tenant_id, index))
     if supersedes and supersedes != memory_id:
-        changed += await archive_documents(tenant_id, [supersedes], store)
+        changed += await archive_documents(tenant_id, [supersedes], store, index)
     return changed
 
 
 async def merge_into_document(tenant_id: str, memory_id: str, engagement: float, tags: list[str],
-                              derived_from: list[str], store: DocumentStore) -> int:
+                              derived_from: list[str], store: DocumentStore, index: VectorIndex | None = None) -> int:
     """An identical write merged into a memory: its engagement (rescoring weighs it) and the merged write's
     tags and provenance, as the writer keeps them."""
     return await store.amend(tenant_id, [memory_id], lambda d: replace(
         d, engagement=engagement, tags=tuple(dict.fromkeys((*d.tags, *tags))),
-        derived_from=tuple(dict.fromkeys((*d.derived_from, *derived_from)))))
+        derived_from=tuple(dict.fromkeys((*d.derived_from, *derived_from)))), then=_payloads(tenant_id, index))
 
 
 async def search(query: SearchQuery, store: DocumentStore, r: Retrieval, now: datetime | None = None,

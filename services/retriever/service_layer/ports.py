@@ -7,8 +7,10 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from services.retriever.domain import Document, SparseVector
+from services.retriever.domain.router import Vocabulary
+from services.retriever.domain.structured import StructuredQuery
 
-__all__ = ["DocumentStore", "Embedder", "VectorIndex"]
+__all__ = ["DocumentStore", "Embedder", "StructuredStore", "VectorIndex"]
 
 
 class DocumentStore(Protocol):
@@ -22,13 +24,19 @@ class DocumentStore(Protocol):
         """As upsert, but the vectors are left to the projector (`pending`); True if recorded."""
         ...
 
+    async def record_many(self, items: list[tuple[Document, int]]) -> None:
+        """As record, for many (document, version) of one tenant in one round."""
+        ...
+
     def pending(self, limit: int) -> AbstractAsyncContextManager[list[Document]]:
         """Up to `limit` recorded documents without vectors, locked; marked projected when the body returns."""
         ...
 
-    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document]) -> int:
-        """Apply `change` to the tenant's documents among these ids, under their locks, and queue each one it
-        changed for the projector (its payload is rewritten); return how many changed."""
+    async def amend(self, tenant_id: str, memory_ids: list[str], change: Callable[[Document], Document],
+                    then: Callable[[list[Document]], Awaitable[None]] | None = None) -> int:
+        """Apply `change` to the tenant's documents among these ids, under their locks; `then` rewrites the
+        index payload of the changed ones already indexed (before commit); the others, or all without
+        `then`, are queued for the projector. Return how many changed."""
         ...
 
     async def delete(self, tenant_id: str, memory_ids: list[str],
@@ -42,10 +50,22 @@ class DocumentStore(Protocol):
         ...
 
 
+class StructuredStore(Protocol):
+    async def query(self, q: StructuredQuery) -> tuple[list[Document], bool]:
+        """The tenant's memories matching every condition of a validated query, in its order, at most
+        `limit`; and whether more matched."""
+        ...
+
+    async def vocabulary(self, tenant_id: str, user_id: str = "") -> Vocabulary:
+        """Entity keys, attribute names and short attribute values of the tenant's (user's) memories."""
+        ...
+
+
 class VectorIndex(Protocol):
     """Every operation is confined to one tenant. Every method blocks (run it off the event loop)."""
 
     def upsert(self, documents: list[tuple[Document, list[float], SparseVector]]) -> None: ...
+    def set_payloads(self, tenant_id: str, documents: list[Document]) -> None: ...
     def query(self, iq) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]: ...
     def retrieve(self, tenant_id: str, memory_ids: list[str]) -> dict[str, dict]: ...
     def delete(self, tenant_id: str, memory_ids: list[str]) -> None: ...

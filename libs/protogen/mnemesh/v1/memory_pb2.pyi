@@ -299,7 +299,7 @@ class ForgetResponse(_message.Message):
     def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("tenant", "query", "limit", "layers", "tags", "since", "until", "min_confidence", "mode", "fusion", "include_archived", "two_stage", "recency_weight", "confidence_weight", "engagement_weight", "half_life_days", "dense_weight", "candidates")
+    __slots__ = ("tenant", "query", "limit", "layers", "tags", "since", "until", "min_confidence", "mode", "fusion", "include_archived", "two_stage", "recency_weight", "confidence_weight", "engagement_weight", "half_life_days", "dense_weight", "candidates", "route")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,7 @@ class SearchRequest(_message.Message):
     HALF_LIFE_DAYS_FIELD_NUMBER: _ClassVar[int]
     DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     query: str
     limit: int
@@ -336,10 +337,11 @@ class SearchRequest(_message.Message):
     half_life_days: float
     dense_weight: float
     candidates: int
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[_common_pb2.MemoryLayer, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., mode: _Optional[str] = ..., fusion: _Optional[str] = ..., include_archived: _Optional[bool] = ..., two_stage: _Optional[bool] = ..., recency_weight: _Optional[float] = ..., confidence_weight: _Optional[float] = ..., engagement_weight: _Optional[float] = ..., half_life_days: _Optional[float] = ..., dense_weight: _Optional[float] = ..., candidates: _Optional[int] = ...) -> None: ...
+    route: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[_common_pb2.MemoryLayer, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., mode: _Optional[str] = ..., fusion: _Optional[str] = ..., include_archived: _Optional[bool] = ..., two_stage: _Optional[bool] = ..., recency_weight: _Optional[float] = ..., confidence_weight: _Optional[float] = ..., engagement_weight: _Optional[float] = ..., half_life_days: _Optional[float] = ..., dense_weight: _Optional[float] = ..., candidates: _Optional[int] = ..., route: _Optional[str] = ...) -> None: ...
 
 class SearchHit(_message.Message):
-    __slots__ = ("memory", "score", "must_confirm", "age_seconds", "dense_score", "sparse_score", "fused_score", "recency")
+    __slots__ = ("memory", "score", "must_confirm", "age_seconds", "dense_score", "sparse_score", "fused_score", "recency", "exact")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     MUST_CONFIRM_FIELD_NUMBER: _ClassVar[int]
@@ -348,6 +350,7 @@ class SearchHit(_message.Message):
     SPARSE_SCORE_FIELD_NUMBER: _ClassVar[int]
     FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
     RECENCY_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
     memory: _common_pb2.Memory
     score: float
     must_confirm: bool
@@ -356,10 +359,67 @@ class SearchHit(_message.Message):
     sparse_score: float
     fused_score: float
     recency: float
-    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., must_confirm: _Optional[bool] = ..., age_seconds: _Optional[float] = ..., dense_score: _Optional[float] = ..., sparse_score: _Optional[float] = ..., fused_score: _Optional[float] = ..., recency: _Optional[float] = ...) -> None: ...
+    exact: bool
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., must_confirm: _Optional[bool] = ..., age_seconds: _Optional[float] = ..., dense_score: _Optional[float] = ..., sparse_score: _Optional[float] = ..., fused_score: _Optional[float] = ..., recency: _Optional[float] = ..., exact: _Optional[bool] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("hits",)
+    __slots__ = ("hits", "route", "conditions")
     HITS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ...) -> None: ...
+    route: str
+    conditions: _containers.RepeatedCompositeFieldContainer[QueryCondition]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., route: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[QueryCondition, _Mapping]]] = ...) -> None: ...
+
+class QueryCondition(_message.Message):
+    __slots__ = ("field", "op", "value")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    op: str
+    value: _struct_pb2.Value
+    def __init__(self, field: _Optional[str] = ..., op: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("tenant", "where", "limit", "include_archived", "order_by", "ascending")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    ASCENDING_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    where: _containers.RepeatedCompositeFieldContainer[QueryCondition]
+    limit: int
+    include_archived: bool
+    order_by: str
+    ascending: bool
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., where: _Optional[_Iterable[_Union[QueryCondition, _Mapping]]] = ..., limit: _Optional[int] = ..., include_archived: _Optional[bool] = ..., order_by: _Optional[str] = ..., ascending: _Optional[bool] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("memories", "truncated")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[_common_pb2.Memory]
+    truncated: bool
+    def __init__(self, memories: _Optional[_Iterable[_Union[_common_pb2.Memory, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class RebuildIndexRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    def __init__(self, batch: _Optional[int] = ...) -> None: ...
+
+class RebuildIndexProgress(_message.Message):
+    __slots__ = ("phase", "done", "total", "index")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    done: int
+    total: int
+    index: str
+    def __init__(self, phase: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., index: _Optional[str] = ...) -> None: ...

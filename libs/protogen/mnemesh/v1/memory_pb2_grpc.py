@@ -600,6 +600,16 @@ class RetrieverStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.SearchRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.Query = channel.unary_unary(
+                '/mnemesh.v1.Retriever/Query',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.QueryRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.QueryResponse.FromString,
+                _registered_method=True)
+        self.RebuildIndex = channel.unary_stream(
+                '/mnemesh.v1.Retriever/RebuildIndex',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.RebuildIndexRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RebuildIndexProgress.FromString,
+                _registered_method=True)
 
 
 class RetrieverServicer:
@@ -612,6 +622,22 @@ class RetrieverServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Query(self, request, context):
+        """Exact conditions over entity keys, typed fields and attributes (PostgreSQL), e.g. every memory whose
+        attributes.customer is "Acme" and attributes.amount > 500. The tenant is the token's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RebuildIndex(self, request, context):
+        """Replay the retriever's projection of the memory events into a fresh vector index, then swap it in
+        with no search outage (scope memory:admin). Streams its progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrieverServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -619,6 +645,16 @@ def add_RetrieverServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.SearchRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.SearchResponse.SerializeToString,
+            ),
+            'Query': grpc.unary_unary_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.QueryRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.QueryResponse.SerializeToString,
+            ),
+            'RebuildIndex': grpc.unary_stream_rpc_method_handler(
+                    servicer.RebuildIndex,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RebuildIndexRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.RebuildIndexProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -649,6 +685,60 @@ class Retriever:
             '/mnemesh.v1.Retriever/Search',
             mnemesh_dot_v1_dot_memory__pb2.SearchRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.Retriever/Query',
+            mnemesh_dot_v1_dot_memory__pb2.QueryRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebuildIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mnemesh.v1.Retriever/RebuildIndex',
+            mnemesh_dot_v1_dot_memory__pb2.RebuildIndexRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.RebuildIndexProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -93,7 +93,7 @@ class SlotFilled:
     task_id: str
     name: str
     value: str
-    source: str  # message | answer | memory:L1 | memory:L2-confirmed
+    source: str  # message | answer | memory:L1:<memory id> | memory:L2-confirmed:<memory id>
     event_id: str = ""
 
 

@@ -253,12 +253,15 @@ class Agent:
         for slot in intent.slots:
             if slot.name in task.slots:
                 continue
-            if slot.memory_key:
-                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, slot.memory_key, 3)
-                hit = next((h for h in hits if h.key == slot.memory_key and h.strong), None)
-                if hit is not None and slot.validator.check(hit.content) is None:
-                    return await self._commit(session, [SlotFilled(task.task_id, slot.name,
-                                                                   slot.validator.clean(hit.content), "memory:L1")])
+            if slot.memory_key:  # an L1 memory under the key, found by what the user asked and the key's words
+                query = f"{task.text} {slot.memory_key.replace('_', ' ')}"
+                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, query, 10)
+                for hit in hits:
+                    value = slot.validator.extract(hit.content)[0] if hit.key == slot.memory_key and hit.strong \
+                        else None
+                    if value is not None:
+                        return await self._commit(session, [SlotFilled(task.task_id, slot.name, value,
+                                                                       f"memory:L1:{hit.memory_id}")])
             _, refused = slot.validator.extract(" ".join([task.text, *task.answers]))
             question = f"{refused[0].upper()}{refused[1:]}. {slot.question}" if refused else slot.question
             return await self._commit(session, [self._say(session, question, Handling.QUESTION),
@@ -365,6 +368,8 @@ class Agent:
         done = [a for a in task.actions if a.outcome == Outcome.OK]
         sources = [Source(a.action_id, a.result_json) for a in done]
         sources += [Source(s["ref"], s["text"]) for s in json.loads(decision.arguments_json).get("sources", [])]
+        sources += [Source(source.rsplit(":", 1)[-1], value) for value, source in task.slots.values()
+                    if source.startswith("memory:")]  # a value taken from memory cites that memory
         result = json.loads(done[-1].result_json) if done else {}
         values = {**{k: v[0] for k, v in task.slots.items()}, **{k: _plain(v) for k, v in result.items()}}
         if intent is not None:

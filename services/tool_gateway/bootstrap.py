@@ -17,6 +17,7 @@ from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
+from services.tool_gateway.adapters.backends.memory import MEMORY_TOOLS, memory_backend
 from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_event
 from services.tool_gateway.adapters.federated import FederatedRegistry
 from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry
@@ -65,13 +66,16 @@ async def bootstrap(ctx: ServiceContext) -> None:
             failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
             min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
             open_seconds=settings.tool_breaker_open_seconds)),
-        backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
+        backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter),
+                                "memory": memory_backend(settings, ctx.closers)}),
         call_log=PostgresCallLog(ctx.db, ctx.outbox),
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )
+    for spec in MEMORY_TOOLS:  # memory.remember, .recall, .forget, .confirm (a version already there stays)
+        await ports.registry.register(spec)
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))

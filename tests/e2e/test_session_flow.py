@@ -182,6 +182,16 @@ def test_a_message_is_answered_from_memory_and_a_gateway_tool_and_every_device_s
     assert [r.text for r in reply] == ["Order A12345 is shipped; expected delivery 2026-03-14."]
     assert set(reply[0].citations) == {finished.action_id, remembered.memory_id}
 
+    # The turn (request and reply) went to the session layer, where compression will find it.
+    deadline = time.monotonic() + 60
+    with mesh.channel("retriever") as ch:
+        stub = memory_pb2_grpc.RetrieverStub(ch)
+        while {"role:user", "role:assistant"} - {t for h in stub.Search(memory_pb2.SearchRequest(
+                tenant=tenant, query="where is my order A12345", layers=[common_pb2.MEMORY_LAYER_SESSION]),
+                metadata=metadata, timeout=10).hits for t in h.memory.tags}:
+            assert time.monotonic() < deadline, "the turn never reached memory"
+            time.sleep(0.2)
+
     # The step's result was written to memory under its step id, and the retriever finds it.
     deadline = time.monotonic() + 60
     with mesh.channel("retriever") as ch:

@@ -85,6 +85,8 @@ class LocalMemory:
 
     memories: list[tuple[MemoryHit, str]] = field(default_factory=list)  # (hit, user id)
     steps: dict[str, dict[str, str]] = field(default_factory=dict)
+    turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # session -> (role, text, key)
+    compressed: list[str] = field(default_factory=list)  # sessions whose compression was asked for
 
     def remember(self, user_id: str, memory_id: str, content: str, key: str = "", *, strong: bool = True,
                  must_confirm: bool = False) -> None:
@@ -108,3 +110,21 @@ class LocalMemory:
                          content: str, trigger: str) -> None:
         self.steps[step_id] = {"tool": tool, "content": content, "trigger": trigger, "session_id": session_id}
         json.loads(content)  # step results are JSON; anything else is a bug upstream
+
+    async def write_turns(self, tenant_id: str, user_id: str, session_id: str,
+                          turns: list[tuple[str, str, str]]) -> None:
+        kept = self.turns.setdefault(session_id, [])
+        kept += [t for t in turns if t[2] not in {k for _, _, k in kept}]  # idempotent by key
+
+    async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
+        """Summarise the session's turns into one memory of the user (the turns themselves, in order) once
+        they fill 65 % of the window (words standing in for tokens), as the memory-writer's trigger does."""
+        turns = self.turns.get(session_id, [])
+        if sum(len(text.split()) for _, text, _ in turns) < 0.65 * window_tokens:
+            return ""
+        del self.turns[session_id]
+        self.compressed.append(session_id)
+        memory_id = f"summary-{session_id}-{len(self.compressed)}"
+        self.remember(user_id, memory_id, "\n".join(f"{role}: {text}" for role, text, _ in turns), strong=False,
+                      must_confirm=True)
+        return memory_id

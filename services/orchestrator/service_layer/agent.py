@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.logs import get_logger
+from libs.tokens import packaged_tokenizer
 from services.orchestrator.domain import (
     ActionFinished,
     ActionStarted,
@@ -37,10 +38,11 @@ from services.orchestrator.domain import (
     TaskEnded,
     TurnRecovered,
 )
+from services.orchestrator.domain.context import Budget, ContextInput, TokenCounter, build_context
 from services.orchestrator.domain.grounding import Source, check_reply
 from services.orchestrator.domain.interrupts import InterruptDetector
 from services.orchestrator.domain.rulebook import RuleBook
-from services.orchestrator.service_layer.planner import decide_open_question
+from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
     DecisionMaker,
     MemoryWriter,
@@ -68,6 +70,8 @@ class Agent:
     tool_deadline_seconds: float = 10.0
     lease_seconds: float = 60.0  # a busy turn that has not moved for this long has lost its runner
     clock: Callable[[], float] = time.time
+    counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
+    budget: Budget = field(default_factory=Budget)
     _detector: tuple[RuleBook, InterruptDetector] | None = field(default=None, repr=False)
     _turns: set[asyncio.Task] = field(default_factory=set, repr=False)
 
@@ -352,12 +356,43 @@ class Agent:
         task, book = session.task, self.rules()
         memories = await self.retriever.search(session.tenant_id, user_id, session.session_id, task.text)
         tools = await self.gateway.list_tools(session.tenant_id) if self.llm is not None else []
-        planned = await decide_open_question(task.task_id, task.text, memories, tools, book, self.llm)
+        context = build_context(ContextInput(
+            system=DECISION_PROMPT, task="\n".join([task.text, *task.answers]),
+            tools=[(t.name, t.description) for t in tools],
+            steps=[(a.action_id, a.tool, a.result_json) for a in task.actions if a.outcome == Outcome.OK],
+            memories=[(m.memory_id, m.content) for m in memories],
+            history=[(m.role, m.text) for m in session.messages if m.task_id != task.task_id]),
+            self.counter, self.budget)
+        if context.compress_history:
+            await self._compress(session, user_id)
+        offered = [t for t in tools if t.name in context.tools]
+        planned = await decide_open_question(task.task_id, context.messages, memories, offered, book, self.llm)
         reason = f"decided by {planned.decision.decided_by}"
         if planned.problems:
             reason += f" after refusing: {'; '.join(planned.problems)}"
         return await self._commit(session, [planned.decision, StateChanged(State.LLM_DECIDE, State.ROUTING, reason,
                                                                            task_id=task.task_id)])
+
+    async def _compress(self, session: Session, user_id: str) -> None:
+        """The history outgrew its part: the memory-writer summarises the turns it holds not yet covered by a
+        summary once they fill its trigger's share of that part (advisory: a failure is logged)."""
+        try:
+            summary = await self.memory.compress(session.tenant_id, user_id, session.session_id, self.budget.history)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("the session's history was not compressed", session_id=session.session_id, error=str(exc))
+            return
+        if summary:
+            log.info("the session's history was compressed", session_id=session.session_id, summary=summary)
+
+    async def _record_turn(self, session: Session, user_id: str, reply: str) -> None:
+        """The task's request and its reply as session-layer turns: what compression summarises."""
+        task = session.task
+        turns = [("user", "\n".join([task.text, *task.answers]), f"{task.task_id}:user"),
+                 ("assistant", reply, f"{task.task_id}:reply")]
+        try:
+            await self.memory.write_turns(session.tenant_id, user_id, session.session_id, turns)
+        except (OSError, ValueError, RuntimeError) as exc:  # memory is advisory here; the turn is kept
+            log.warning("the turn was not written to memory", task_id=task.task_id, error=str(exc))
 
     # --- GENERATING: a grounded reply -------------------------------------------------------------------------
 
@@ -389,7 +424,10 @@ class Agent:
         else:
             events += [TaskEnded(task.task_id, Outcome.DONE, reason),
                        StateChanged(State.GENERATING, State.IDLE, reason)]
-        return await self._commit(session, events)
+        after = await self._commit(session, events)
+        if after.version > session.version and decision.action != "ask":
+            await self._record_turn(session, user_id, reply)
+        return after
 
     @staticmethod
     def _say(session: Session, text: str, handling: Handling, citations: tuple[str, ...] = ()) -> MessageAppended:

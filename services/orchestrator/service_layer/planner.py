@@ -20,7 +20,7 @@ from services.orchestrator.domain import DecisionMade
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.ports import DecisionMaker, MemoryHit, ToolInfo
 
-__all__ = ["DECISION_SCHEMA", "Planned", "decide_open_question"]
+__all__ = ["DECISION_PROMPT", "DECISION_SCHEMA", "Planned", "decide_open_question"]
 
 log = get_logger(__name__)
 
@@ -74,17 +74,16 @@ def _planner(task_id: str, memories: list[MemoryHit], book: RuleBook) -> Decisio
                         arguments_json=_memory_sources([]))
 
 
-async def decide_open_question(task_id: str, text: str, memories: list[MemoryHit], tools: list[ToolInfo],
-                               book: RuleBook, llm: DecisionMaker | None) -> Planned:
+DECISION_PROMPT = ("Decide the next step for the user's last message. Answer only with JSON matching: "
+                   + json.dumps(DECISION_SCHEMA, separators=(",", ":")))
+
+
+async def decide_open_question(task_id: str, context: list[dict[str, str]], memories: list[MemoryHit],
+                               tools: list[ToolInfo], book: RuleBook, llm: DecisionMaker | None) -> Planned:
+    """`context`: the messages the context builder made (DECISION_PROMPT first, memories under their anchors)."""
     if llm is None:
         return Planned(_planner(task_id, memories, book))
-    anchors = "\n".join(f"[memory {m.memory_id}] {m.content}" for m in memories) or "(no memories)"
-    messages = [
-        {"role": "system", "content": "Decide the next step. Answer only with JSON: "
-                                      + json.dumps(DECISION_SCHEMA, separators=(",", ":"))},
-        {"role": "system", "content": f"Memories:\n{anchors}"},
-        {"role": "user", "content": text},
-    ]
+    messages = list(context)
     problems: list[str] = []
     for _attempt in range(2):  # an invalid decision is retried once
         try:

@@ -106,11 +106,12 @@ class Supervisor:
         child.started_at, child.healthy, child.restart_at = time.monotonic(), False, None
 
     def mesh_addresses(self) -> dict[str, str]:
-        """The orchestrator calls this mesh's retriever, memory-writer and tool-gateway (a setting in the
-        environment wins)."""
+        """The orchestrator calls this mesh's retriever, memory-writer and tool-gateway, and serves A2A (a
+        setting in the environment wins)."""
         host = self.settings.host
-        return {f"MNEMESH_ORCHESTRATOR_{name.upper().replace('-', '_')}": f"{host}:{self.settings.grpc_port(name)}"
-                for name in ("retriever", "memory-writer", "tool-gateway")}
+        return {**{f"MNEMESH_ORCHESTRATOR_{name.upper().replace('-', '_')}": f"{host}:{self.settings.grpc_port(name)}"
+                   for name in ("retriever", "memory-writer", "tool-gateway")},
+                "MNEMESH_ORCHESTRATOR_HTTP_PORT": "8055"}  # its A2A card and endpoint
 
     def tail(self, child: Child, lines: int = 12) -> str:
         try:

@@ -86,6 +86,20 @@ class GrpcMemoryWriter:
         if failed:
             raise RuntimeError(f"memory-writer refused {len(failed)} turn(s): {failed[0]}")
 
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        request = memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
+            layer=common_pb2.MEMORY_LAYER_STEP, source=common_pb2.SOURCE_KIND_AUTHORITATIVE_API,
+            confidence=common_pb2.CONFIDENCE_L1_STRONG, content=content[:16_000], tags=list(tags),
+            derived_from=list(derived_from), idempotency_key=idempotency_key[:128])
+        try:
+            reply = await self.stub.Write(request, timeout=self.timeout,
+                                          metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+        return reply.memory_id
+
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         request = memory_pb2.CompressSessionRequest(
             tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),

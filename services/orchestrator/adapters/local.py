@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class LocalMemory:
     steps: dict[str, dict[str, str]] = field(default_factory=dict)
     turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # session -> (role, text, key)
     compressed: list[str] = field(default_factory=list)  # sessions whose compression was asked for
+    outcomes: dict[str, dict] = field(default_factory=dict)  # memory id -> recorded outcome (agent to agent)
 
     def remember(self, user_id: str, memory_id: str, content: str, key: str = "", *, strong: bool = True,
                  must_confirm: bool = False) -> None:
@@ -127,4 +129,12 @@ class LocalMemory:
         memory_id = f"summary-{session_id}-{len(self.compressed)}"
         self.remember(user_id, memory_id, "\n".join(f"{role}: {text}" for role, text, _ in turns), strong=False,
                       must_confirm=True)
+        return memory_id
+
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        memory_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant_id}/{user_id}/{idempotency_key}"))
+        self.outcomes[memory_id] = {"content": content, "tags": tags, "derived_from": derived_from,
+                                    "session_id": session_id, "user_id": user_id}
+        self.remember(user_id, memory_id, content)
         return memory_id

@@ -28,7 +28,11 @@ from services.orchestrator.domain import (
     SNAPSHOT_SCHEMA,
     ActionFinished,
     ActionStarted,
+    CompensationFinished,
     DecisionMade,
+    DelegationAnswered,
+    DelegationChecked,
+    DelegationStarted,
     MessageAppended,
     Session,
     SessionEvent,
@@ -54,6 +58,11 @@ EVENT_MESSAGES = {
     ActionStarted: ("session.action_started", events_pb2.SessionActionStarted, "action_started"),
     ActionFinished: ("session.action_finished", events_pb2.SessionActionFinished, "action_finished"),
     TurnRecovered: ("session.turn_recovered", events_pb2.SessionTurnRecovered, "turn_recovered"),
+    DelegationStarted: ("session.delegation_started", events_pb2.SessionDelegationStarted, "delegation_started"),
+    DelegationAnswered: ("session.delegation_answered", events_pb2.SessionDelegationAnswered, "delegation_answered"),
+    DelegationChecked: ("session.delegation_checked", events_pb2.SessionDelegationChecked, "delegation_checked"),
+    CompensationFinished: ("session.compensation_finished", events_pb2.SessionCompensationFinished,
+                           "compensation_finished"),
 }
 _BY_TYPE = {event_type: cls for cls, (event_type, _, _) in EVENT_MESSAGES.items()}
 _NOT_IN_PAYLOAD = {"event_id", "user_id"}  # the envelope's id; the tenant context's user

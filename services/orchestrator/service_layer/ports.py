@@ -62,6 +62,11 @@ class MemoryWriter(Protocol):
         summarises."""
         ...
 
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        """Record an outcome (expected or actual, of a call between agents) as a step memory; its id."""
+        ...
+
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         """Summarise the session's turns not yet covered into one memory when they fill enough of a window of
         `window_tokens` (the memory-writer's trigger); the summary's id, or "" when nothing was due."""

@@ -3,7 +3,8 @@
 Two phases, each through a real gRPC Orchestrator server on the real event store (the path devices take):
 
 - convergence: `devices` devices subscribe to one session (gRPC Subscribe) and write to it (gRPC Send,
-  expected version -1) at `rate` events/s in total for `seconds`. An event's convergence lag is the time
+  expected version -1) at `rate` events/s in total for `seconds` (open loop: a send leaves at its time,
+  answered or not; concurrent sends to the session are group-committed). An event's convergence lag is the time
   from its append being acknowledged to the device that wrote it until the last device saw it (0 when
   every device saw it before the writer's acknowledgement arrived, which NOTIFY makes possible).
   The writers' server appends messages only (no agent): this phase measures replication, not turns.
@@ -108,15 +109,21 @@ async def _convergence(address: str, token: str, devices: int, rate: float, seco
             writes = int(per_writer * seconds)
             start = time.perf_counter() + 0.2  # every follower is subscribed before the first write
 
+            async def send(device: _Device, n: int) -> None:
+                reply = await stub.Send(_send(session_id, device.name, f"{device.name} message {n} 你好"), timeout=10)
+                acked.setdefault(reply.version, time.perf_counter())
+
             async def writer(i: int, device: _Device) -> None:
+                """Open loop: each send leaves at its time whether the ones before it were answered or not, so
+                the offered load is the rate (a writer waiting for each answer offers only 1/latency)."""
+                sending = []
                 for n in range(writes):
                     due = start + (n + i / devices) / per_writer
                     delay = due - time.perf_counter()
                     if delay > 0:  # pacing to the rate, not waiting for a condition
                         await asyncio.sleep(delay)
-                    reply = await stub.Send(_send(session_id, device.name, f"{device.name} message {n} 你好"),
-                                            timeout=10)
-                    acked.setdefault(reply.version, time.perf_counter())
+                    sending.append(asyncio.ensure_future(send(device, n)))
+                await asyncio.gather(*sending)
 
             began = time.perf_counter()
             await asyncio.gather(*(writer(i, d) for i, d in enumerate(replicas)))

@@ -18,10 +18,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
+import httpx
 import pytest
+from a2a.client import A2ACardResolver
 from google.protobuf import struct_pb2
 from test_mesh import Mesh
 
+from libs.auth import issue_token
+from libs.config import load_settings
 from libs.protogen.mnemesh.v1 import (
     common_pb2,
     memory_pb2,
@@ -31,6 +35,7 @@ from libs.protogen.mnemesh.v1 import (
     tools_pb2,
     tools_pb2_grpc,
 )
+from services.orchestrator.adapters.a2a_client import A2AAgents
 
 pytestmark = pytest.mark.e2e
 TENANT = "acme"
@@ -201,3 +206,18 @@ def test_a_message_is_answered_from_memory_and_a_gateway_tool_and_every_device_s
                 metadata=metadata, timeout=10).hits if h.memory.step_id == finished.action_id]:
             assert time.monotonic() < deadline, "the step result never reached memory"
             time.sleep(0.2)
+
+
+async def test_the_orchestrator_of_the_running_mesh_is_an_a2a_agent(mesh: Mesh) -> None:
+    base = f"http://127.0.0.1:{mesh.env['MNEMESH_ORCHESTRATOR_HTTP_PORT']}"
+    async with httpx.AsyncClient(timeout=10) as http:
+        card = await A2ACardResolver(http, base).get_agent_card()
+    assert card.supported_interfaces[0].url == f"{base}/a2a"
+
+    def issue(tenant_id: str, scopes: list[str]) -> str:
+        return issue_token(load_settings(jwt_secret=mesh.env["MNEMESH_JWT_SECRET"]), subject="agent:e2e",
+                           tenant_id=tenant_id, scopes=scopes)
+
+    answer = await A2AAgents(issue).send(base, TENANT, f"e2e-{uuid.uuid4().hex[:8]}", "hello", {})
+    assert answer.reply == "Hello! I can check orders and invoices for you."
+    assert answer.metadata["mnemesh.state"] == "IDLE"

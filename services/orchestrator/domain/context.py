@@ -19,6 +19,9 @@ from typing import Protocol
 __all__ = ["Budget", "Context", "ContextInput", "TokenCounter", "build_context"]
 
 _MIN_PIECE = 16  # a piece cut to fewer tokens than this says too little to keep
+_ANCHORED = "Memories and tool results; cite them by their anchor:"
+_EARLIER = "Earlier in this conversation:"
+_SUMMARISED = "Earlier in this conversation (older turns are summarised in memory):"
 
 
 class TokenCounter(Protocol):
@@ -124,17 +127,17 @@ def build_context(data: ContextInput, counter: TokenCounter, budget: Budget) -> 
         kept.append(line)
     compress = len(kept) < len(data.history)
 
+    headings = []
     messages = [{"role": "system", "content": "\n".join(system.lines)}]
     if memory.lines:
-        messages.append({"role": "system", "content": "Memories and tool results; cite them by their anchor:\n"
-                                                      + "\n".join(memory.lines)})
+        headings.append(_ANCHORED)
+        messages.append({"role": "system", "content": _ANCHORED + "\n" + "\n".join(memory.lines)})
     if kept:
-        intro = "Earlier in this conversation (older turns are summarised in memory):" if compress \
-            else "Earlier in this conversation:"
-        messages.append({"role": "system", "content": intro + "\n" + "\n".join(reversed(kept))})
+        headings.append(_SUMMARISED if compress else _EARLIER)
+        messages.append({"role": "system", "content": headings[-1] + "\n" + "\n".join(reversed(kept))})
     messages.append({"role": "user", "content": "\n".join(task.lines)})
     used = {"system": system.used, "tools": tools.used, "memory": memory.used, "history": history.used,
             "task": task.used}
-    # What is left for the answer, headings included (each part's count covers only its own lines).
-    used["reserve"] = budget.window - tools.used - sum(counter.count(m["content"]) for m in messages)
+    # What is left for the answer, the headings included (each part counts only its own lines).
+    used["reserve"] = budget.window - sum(used.values()) - sum(counter.count(h) + 1 for h in headings)
     return Context(messages, tuple(offered), used, tuple(anchors), tuple(dropped), compress)

@@ -27,6 +27,7 @@ from services.orchestrator.domain import State, StateChanged
 from services.orchestrator.service_layer.agent import Agent
 from services.orchestrator.service_layer.handlers import SendMessage, send_message
 
+pytestmark = pytest.mark.timeout(900)  # a model on 2 cores: seconds a decision
 QUESTIONS = ["What is the capital of France?", "Can you tell me a joke?", "How do I reset my password?",
              "What did I tell you about my favourite tea?", "我想知道明天的天气", "Which tools can you use?"]
 

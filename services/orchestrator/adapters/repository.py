@@ -116,8 +116,12 @@ def _versioned(stored: StoredEvent) -> Versioned:
 
 class EventSourcedSessions:
     def __init__(self, db: Database, store: EventStore, outbox: Outbox,
-                 snapshots: SnapshotStore | None = None, cache_size: int = 1024) -> None:
+                 snapshots: SnapshotStore | None = None, cache_size: int = 1024, *,
+                 max_group: int = _MAX_GROUP, shared_reader: bool = True) -> None:
+        """`max_group=1, shared_reader=False`: a transaction per update and a reader per follower (the
+        benchmark's baseline)."""
         self.db, self.store, self.outbox = db, store, outbox
+        self.max_group, self.shared_reader = max_group, shared_reader
         self.snapshots = snapshots or SnapshotStore()
         self.cache_size = cache_size
         self._cache: OrderedDict[str, tuple[Session, int]] = OrderedDict()  # stream -> (committed state, snapshot v.)
@@ -187,8 +191,8 @@ class EventSourcedSessions:
     async def _commit_waiting(self, tenant_id: str, session_id: str, stream: str) -> None:
         try:
             while batch := self._waiting.get(stream):
-                self._waiting[stream] = batch[_MAX_GROUP:]
-                batch = batch[:_MAX_GROUP]
+                self._waiting[stream] = batch[self.max_group:]
+                batch = batch[:self.max_group]
                 try:
                     results = await self._commit_group(tenant_id, session_id, stream, [d for d, _ in batch])
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group, then re-raised
@@ -241,5 +245,8 @@ class EventSourcedSessions:
         return results
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
-        async for stored in self.feeds.follow(stream_id(tenant_id, session_id), after_version, tenant_id):
+        stream = stream_id(tenant_id, session_id)
+        events = self.feeds.follow(stream, after_version, tenant_id) if self.shared_reader else \
+            self.store.subscribe_stream(stream, after_version, tenant_id=tenant_id)
+        async for stored in events:
             yield _versioned(stored)

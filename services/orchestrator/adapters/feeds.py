@@ -4,6 +4,7 @@ Each wake of a stream (a NOTIFY, a poll) then costs one read of the store, not o
 reader keeps the stream's recent events in a bounded buffer; each follower keeps its own cursor and
 reads from the buffer, or from the store when the buffer no longer (or does not yet) holds what it
 needs: a slow follower falls behind without holding anything up, and catches up from the store.
+Events are decoded once, by the reader (`decode`), not once a follower.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from itertools import islice
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from libs.eventstore import EventStore, StoredEvent
 
@@ -21,14 +23,14 @@ __all__ = ["StreamFeeds"]
 
 @dataclass
 class _Feed:
-    events: deque[StoredEvent]
+    events: deque[Any]  # decoded events, each with a `version`
     cursor: int                       # the last version the reader has buffered
     followers: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
     task: asyncio.Task | None = None
 
-    def since(self, version: int) -> list[StoredEvent] | None:
+    def since(self, version: int) -> list[Any] | None:
         """The buffered events after `version`; None when the buffer does not reach back to it."""
         if version >= self.cursor:
             return []
@@ -42,11 +44,11 @@ class _Feed:
 
 
 class StreamFeeds:
-    def __init__(self, store: EventStore, buffer: int = 4096) -> None:
-        self.store, self.buffer = store, buffer
+    def __init__(self, store: EventStore, decode: Callable[[StoredEvent], Any], buffer: int = 4096) -> None:
+        self.store, self.decode, self.buffer = store, decode, buffer
         self.feeds: dict[str, _Feed] = {}
 
-    async def follow(self, stream: str, after_version: int, tenant_id: str) -> AsyncIterator[StoredEvent]:
+    async def follow(self, stream: str, after_version: int, tenant_id: str) -> AsyncIterator[Any]:
         feed = self.feeds.get(stream)
         if feed is None:
             feed = self.feeds[stream] = _Feed(deque(maxlen=self.buffer), after_version)
@@ -57,7 +59,7 @@ class StreamFeeds:
             while True:
                 batch = feed.since(last)
                 if batch is None:  # behind the buffer: catch up from the store
-                    batch = await self.store.read_stream(stream, last, tenant_id=tenant_id)
+                    batch = [self.decode(e) for e in await self.store.read_stream(stream, last, tenant_id=tenant_id)]
                 if batch:
                     for event in batch:
                         last = event.version
@@ -76,7 +78,7 @@ class StreamFeeds:
     async def _read(self, stream: str, tenant_id: str, feed: _Feed) -> None:
         try:
             async for event in self.store.subscribe_stream(stream, feed.cursor, tenant_id=tenant_id):
-                feed.events.append(event)
+                feed.events.append(self.decode(event))
                 feed.cursor = event.version
                 feed.wake()
         except asyncio.CancelledError:

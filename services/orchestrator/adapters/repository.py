@@ -127,7 +127,7 @@ class EventSourcedSessions:
         self._cache: OrderedDict[str, tuple[Session, int]] = OrderedDict()  # stream -> (committed state, snapshot v.)
         self._waiting: dict[str, list[tuple[Callable, asyncio.Future]]] = {}  # stream -> updates not yet committed
         self._committing: dict[str, asyncio.Task] = {}  # stream -> the task committing its waiting updates
-        self.feeds = StreamFeeds(store)  # one reader per followed session, however many devices follow it
+        self.feeds = StreamFeeds(store, _versioned)  # one reader per followed session, however many follow it
 
     def _cached(self, stream: str) -> tuple[Session, int] | None:
         hit = self._cache.get(stream)
@@ -246,7 +246,9 @@ class EventSourcedSessions:
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
         stream = stream_id(tenant_id, session_id)
-        events = self.feeds.follow(stream, after_version, tenant_id) if self.shared_reader else \
-            self.store.subscribe_stream(stream, after_version, tenant_id=tenant_id)
-        async for stored in events:
+        if self.shared_reader:
+            async for item in self.feeds.follow(stream, after_version, tenant_id):
+                yield item
+            return
+        async for stored in self.store.subscribe_stream(stream, after_version, tenant_id=tenant_id):
             yield _versioned(stored)

@@ -106,6 +106,14 @@ async def test_an_a2a_client_calls_the_orchestrator_and_gets_the_turns_grounded_
     assert [m.device_id for m in session.messages if m.role == "user"] == ["a2a:agent:caller"]
 
 
+async def test_a_message_without_text_or_with_a_bad_context_is_refused_with_the_reason(callee: Callee) -> None:
+    agents = A2AAgents(callee.issue)
+    with pytest.raises(ValueError, match="refused: message.parts: send at least one text part"):
+        await agents.send(callee.base_url, "acme", "ctx-2", "   ", {})
+    with pytest.raises(ValueError, match="refused: session_id"):
+        await agents.send(callee.base_url, "acme", "bad/context", "hello", {})
+
+
 async def test_a_call_without_a_valid_token_or_scope_is_refused(callee: Callee) -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}
     async with httpx.AsyncClient() as http:

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from a2a.client import A2AClientError, AgentCardResolutionError, ClientConfig, ClientFactory
+from a2a.client import A2AClientError, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import ROLE_USER, Message, Part, SendMessageRequest
+from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 
 from services.orchestrator.service_layer.delegation import AgentAnswer
@@ -39,6 +40,8 @@ class A2AAgents:
                         status = event.task.status.message
                         return AgentAnswer("\n".join(p.text for p in status.parts if p.text),
                                            json_format.MessageToDict(status.metadata))
-            except (A2AClientError, AgentCardResolutionError, httpx.HTTPError) as exc:
+            except (A2AClientError, httpx.HTTPError) as exc:  # unreachable, no card, a broken answer
                 raise OSError(f"agent {agent}: {type(exc).__name__}: {exc}"[:500]) from None
+            except A2AError as exc:  # the agent answered with an A2A error: it refused the message
+                raise ValueError(f"agent {agent} refused: {exc.message}"[:500]) from None
         raise ValueError(f"agent {agent} sent no message back")

@@ -119,7 +119,8 @@ class SessionExecutor(AgentExecutor):
         try:
             session = await self.turn(handlers.SendMessage(tenant, subject, session_id, f"a2a:{subject}"[:64], text))
         except DomainError as exc:
-            raise InvalidRequestError(message=f"{exc.field}: {exc.reason}" if exc.field else exc.reason) from None
+            raise InvalidRequestError(message=f"{exc.field}: {exc.reason}" if exc.field else exc.reason,
+                                      data=exc.to_dict()) from None
         reply = next((m for m in reversed(session.messages) if m.role == "assistant"), None)
         answer = {"mnemesh.session_id": session_id, "mnemesh.version": session.version,
                   "mnemesh.state": str(session.state)}

@@ -195,13 +195,15 @@ class EventSourcedSessions:
                 batch = batch[:self.max_group]
                 try:
                     results = await self._commit_group(tenant_id, session_id, stream, [d for d, _ in batch])
-                except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group, then re-raised
+                except Exception as exc:  # noqa: BLE001 - the transaction failed: every update of the group did
                     for _, done in batch:
                         if not done.done():
                             done.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
                     continue
+                except BaseException:  # cancelled (shutdown): so are the updates that waited on it
+                    for _, done in batch:
+                        done.cancel()
+                    raise
                 for (_, done), result in zip(batch, results, strict=True):
                     if done.done():
                         continue
@@ -211,8 +213,8 @@ class EventSourcedSessions:
                         done.set_result(result)
         finally:
             del self._committing[stream]
-            if not self._waiting.get(stream):
-                self._waiting.pop(stream, None)
+            for _, done in self._waiting.pop(stream, []):  # only left when cancelled: nothing commits them now
+                done.cancel()
 
     async def _commit_group(self, tenant_id: str, session_id: str, stream: str,
                             decides: list[Callable[[Session], list[SessionEvent]]]) -> list[Session | Exception]:

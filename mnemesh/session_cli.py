@@ -109,7 +109,10 @@ async def _chat(stub: sessions_pb2_grpc.OrchestratorStub, ns: argparse.Namespace
             if text := line.strip():
                 reply = await stub.Send(_send_request(ns, text), timeout=_TURN_SECONDS)
                 last = max(last, reply.version)
-        while seen < last and not following.done():  # show this device's last turn before leaving
+        # Before leaving, show the session as far as it is now (this device's last turn and what other
+        # devices appended meanwhile): two chats that leave at the same moment print the same version.
+        current = await stub.GetSession(sessions_pb2.GetSessionRequest(session_id=ns.session_id), timeout=10)
+        while seen < max(last, current.version) and not following.done():
             moved.clear()
             await moved.wait()
         if following.done():

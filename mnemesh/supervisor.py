@@ -97,12 +97,21 @@ class Supervisor:
                 f"http://{host}:{self.settings.metrics_port(name)}/metrics", logs / f"{name}.log")
 
     def spawn(self, child: Child) -> None:
-        env = {**os.environ, **self.env, "MNEMESH_DATA_DIR": str(self.settings.data_dir.resolve())}
+        env = {**self.mesh_addresses(), **os.environ, **self.env,
+               "MNEMESH_DATA_DIR": str(self.settings.data_dir.resolve())}
         with child.log.open("ab") as out:
             child.process = subprocess.Popen(
                 guarded([sys.executable, "-m", "mnemesh", "serve", child.name]), env=env, stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         child.started_at, child.healthy, child.restart_at = time.monotonic(), False, None
+
+    def mesh_addresses(self) -> dict[str, str]:
+        """The orchestrator calls this mesh's retriever, memory-writer and tool-gateway, and serves A2A (a
+        setting in the environment wins)."""
+        host = self.settings.host
+        return {**{f"MNEMESH_ORCHESTRATOR_{name.upper().replace('-', '_')}": f"{host}:{self.settings.grpc_port(name)}"
+                   for name in ("retriever", "memory-writer", "tool-gateway")},
+                "MNEMESH_ORCHESTRATOR_HTTP_PORT": "8055"}  # its A2A card and endpoint
 
     def tail(self, child: Child, lines: int = 12) -> str:
         try:

@@ -102,6 +102,14 @@ EVENT_TYPES: dict[str, EventType] = {
                   "A tool call of a task finished: ok, error, timeout or cancelled."),
         EventType("session.turn_recovered", 1, SESSION_EVENTS, events_pb2.SessionTurnRecovered,
                   "A turn left busy by a runner that stopped (its lease ran out) was taken over."),
+        EventType("session.delegation_started", 1, SESSION_EVENTS, events_pb2.SessionDelegationStarted,
+                  "A call to another agent began, its expected outcome recorded in memory first."),
+        EventType("session.delegation_answered", 1, SESSION_EVENTS, events_pb2.SessionDelegationAnswered,
+                  "The called agent answered, with the memory id of the actual outcome it recorded."),
+        EventType("session.delegation_checked", 1, SESSION_EVENTS, events_pb2.SessionDelegationChecked,
+                  "A delegation's actual outcome was compared with the expected one."),
+        EventType("session.compensation_finished", 1, SESSION_EVENTS, events_pb2.SessionCompensationFinished,
+                  "The declared compensation of a mismatched delegation ran."),
     ]
 }
 

@@ -3,10 +3,13 @@
 Two phases, each through a real gRPC Orchestrator server on the real event store (the path devices take):
 
 - convergence: `devices` devices subscribe to one session (gRPC Subscribe) and write to it (gRPC Send,
-  expected version -1) at `rate` events/s in total for `seconds`. An event's convergence lag is the time
+  expected version -1) at `rate` events/s in total for `seconds` (open loop: a send leaves at its time,
+  answered or not; concurrent sends to the session are group-committed). An event's convergence lag is the time
   from its append being acknowledged to the device that wrote it until the last device saw it (0 when
   every device saw it before the writer's acknowledgement arrived, which NOTIFY makes possible).
   The writers' server appends messages only (no agent): this phase measures replication, not turns.
+  It runs twice in one run: first the baseline (a transaction per update, a store reader per device),
+  then the current repository (group commit, one shared reader); the ratios compare them.
 - turns: `repetitions` messages on the rule path ("where is my order A…?": rule → slot → tool from the
   local fixture → grounded reply), each timed from Send until Send answers (Send returns after the reply
   event is committed), `warmup` untimed first; then the same for the planner path (no rule matches:
@@ -44,6 +47,7 @@ from services.orchestrator.service_layer.agent import Agent
 __all__ = ["bench_sessions"]
 
 TENANT = "bench"
+_IN_FLIGHT = 16  # unanswered sends a writing device may have
 
 
 
@@ -77,10 +81,11 @@ class _Device:
             await self.moved.wait()
 
 
-async def _server(settings: Settings, db: Database, agent: bool) -> tuple[GrpcServer, str]:
+async def _server(settings: Settings, db: Database, agent: bool, baseline: bool = False) -> tuple[GrpcServer, str]:
     from mnemesh.infra import free_port
 
-    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db), SnapshotStore())
+    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db), SnapshotStore(),
+                                    **({"max_group": 1, "shared_reader": False} if baseline else {}))
     runner = None
     if agent:
         memory = LocalMemory()
@@ -108,15 +113,31 @@ async def _convergence(address: str, token: str, devices: int, rate: float, seco
             writes = int(per_writer * seconds)
             start = time.perf_counter() + 0.2  # every follower is subscribed before the first write
 
+            async def send(device: _Device, n: int) -> None:
+                reply = await stub.Send(_send(session_id, device.name, f"{device.name} message {n} 你好"), timeout=10)
+                acked.setdefault(reply.version, time.perf_counter())
+
             async def writer(i: int, device: _Device) -> None:
+                """Open loop: each send leaves at its time whether the ones before it were answered or not, so
+                the offered load is the rate (a writer waiting for each answer offers only 1/latency), up to
+                `_IN_FLIGHT` unanswered sends a device: a server slower than the rate slows the writers
+                down instead of piling up sends until they time out."""
+                sending, slots = [], asyncio.Semaphore(_IN_FLIGHT)
+
+                async def paced(n: int) -> None:
+                    try:
+                        await send(device, n)
+                    finally:
+                        slots.release()
+
                 for n in range(writes):
                     due = start + (n + i / devices) / per_writer
                     delay = due - time.perf_counter()
                     if delay > 0:  # pacing to the rate, not waiting for a condition
                         await asyncio.sleep(delay)
-                    reply = await stub.Send(_send(session_id, device.name, f"{device.name} message {n} 你好"),
-                                            timeout=10)
-                    acked.setdefault(reply.version, time.perf_counter())
+                    await slots.acquire()
+                    sending.append(asyncio.ensure_future(paced(n)))
+                await asyncio.gather(*sending)
 
             began = time.perf_counter()
             await asyncio.gather(*(writer(i, d) for i, d in enumerate(replicas)))
@@ -164,12 +185,19 @@ async def bench_sessions(settings: Settings, repetitions: int, warmup: int, seco
     token = issue_token(settings, subject="bench", tenant_id=TENANT, scopes=["*"], ttl_seconds=3600)
     servers = []
     try:
-        server, address = await _server(settings, db, agent=False)
-        servers.append(server)
-        _say(f"convergence: {devices} devices, {rate:.0f} events/s for {seconds:.0f} s ...")
-        convergence = await _convergence(address, token, devices, rate, seconds)
-        _say(f"  {convergence['events_per_s']} events/s, lag p50 {convergence['lag']['p50_ms']} ms, "
-             f"p99 {convergence['lag']['p99_ms']} ms, converged: {convergence['converged']}")
+        runs = {}
+        for name, baseline in (("baseline", True), ("current", False)):
+            server, address = await _server(settings, db, agent=False, baseline=baseline)
+            servers.append(server)
+            _say(f"convergence ({name}: {'a transaction an update, a reader a device' if baseline else 'group commit, one reader'}): "
+                 f"{devices} devices, {rate:.0f} events/s for {seconds:.0f} s ...")
+            runs[name] = await _convergence(address, token, devices, rate, seconds)
+            _say(f"  {runs[name]['events_per_s']} events/s, lag p50 {runs[name]['lag']['p50_ms']} ms, "
+                 f"p99 {runs[name]['lag']['p99_ms']} ms, converged: {runs[name]['converged']}")
+        convergence, before = runs["current"], runs["baseline"]
+        ratios = {"events_per_s": round(convergence["events_per_s"] / max(before["events_per_s"], 1e-9), 2),
+                  "lag_p99": round(convergence["lag"]["p99_ms"] / max(before["lag"]["p99_ms"], 1e-9), 2)}
+        _say(f"  current / baseline: events/s x{ratios['events_per_s']}, lag p99 x{ratios['lag_p99']}")
         server, address = await _server(settings, db, agent=True)
         servers.append(server)
         rule = await _turns(address, token, repetitions, warmup, "where is my order A{n}?")
@@ -193,5 +221,6 @@ async def bench_sessions(settings: Settings, repetitions: int, warmup: int, seco
         "turn_p50_ms": rule["p50_ms"],
         "turn_p95_ms": rule["p95_ms"],
     }
-    return {"results": [{"convergence": convergence, "turn_rule_path": rule, "turn_planner_path": planner}],
+    return {"results": [{"convergence": convergence, "convergence_baseline": before, "ratios": ratios,
+                         "turn_rule_path": rule, "turn_planner_path": planner}],
             "summary": summary}

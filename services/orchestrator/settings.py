@@ -26,6 +26,10 @@ class OrchestratorSettings(BaseSettings):
     tool_gateway: str = ""
     retriever: str = ""
     memory_writer: str = ""
+    # A2A: the agent card (/.well-known/agent-card.json) and JSON-RPC endpoint (/a2a); 0: not served
+    # (`mnemesh run` serves it on 8055).
+    http_port: int = Field(0, ge=0, le=65535)
+    public_url: str = ""  # the A2A URL the card gives; empty: http://<MNEMESH_HOST>:<http_port>/a2a
     # An OpenAI-compatible endpoint; empty: the deterministic planner decides.
     llm_base_url: str = ""
     llm_model: str = ""

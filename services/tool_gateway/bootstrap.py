@@ -22,6 +22,7 @@ from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
 from services.tool_gateway.adapters.audit_buffer import BufferedCallLog
+from services.tool_gateway.adapters.backends.memory import MEMORY_TOOLS, memory_backend
 from services.tool_gateway.adapters.broadcast import TOOLS_CHANGED, ChangeBus, RedisBroadcast
 from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_events
 from services.tool_gateway.adapters.federated import FederatedRegistry
@@ -114,13 +115,16 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         limiter=limiter,
         breakers=breakers,
         gate=RedisGate(limiter, breakers),
-        backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter)}),
+        backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter),
+                                "memory": memory_backend(settings, ctx.closers)}),
         call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )
+    for spec in MEMORY_TOOLS:  # memory.remember, .recall, .forget, .confirm (a version already there stays)
+        await ports.registry.register(spec)
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))

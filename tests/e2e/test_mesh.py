@@ -37,7 +37,8 @@ class Mesh:
         self.env |= {"MNEMESH_DATA_DIR": str(data_dir), "MNEMESH_JWT_SECRET": "e2e-secret-0123456789abcdefghijklmnop",
                      "MNEMESH_EMBEDDED_REDIS_PORT": str(free_port()),
                      "MNEMESH_EMBEDDED_POSTGRES_PORT": str(free_port()),
-                     "MNEMESH_MCP_HTTP_PORT": str(free_port())}
+                     "MNEMESH_MCP_HTTP_PORT": str(free_port()),
+                     "MNEMESH_ORCHESTRATOR_HTTP_PORT": str(free_port())}
         self.ports = {}
         for name in SERVICES:
             key = name.upper().replace("-", "_")

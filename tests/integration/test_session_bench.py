@@ -19,4 +19,7 @@ async def test_the_sessions_benchmark_converges_every_device_and_reports_the_iss
                                        "turn_p50_ms", "turn_p95_ms"}
     convergence = outcome["results"][0]["convergence"]
     assert convergence["converged"] and convergence["sends"] == 20
+    baseline = outcome["results"][0]["convergence_baseline"]
+    assert baseline["converged"] and baseline["sends"] == 20 and set(outcome["results"][0]["ratios"]) == {
+        "events_per_s", "lag_p99"}
     assert outcome["summary"]["devices"] == 5 and outcome["results"][0]["turn_rule_path"]["samples"] == 5

@@ -64,3 +64,29 @@ async def test_a_refused_send_leaves_the_cached_state_as_the_store_has_it(db: Da
         await send_message(a_send(idempotency_key="k", text="another"), sessions)
     fresh = EventSourcedSessions(db, EventStore(db), Outbox(db), cache_size=0)
     assert (await sessions.load("acme", "s1")).to_dict() == (await fresh.load("acme", "s1")).to_dict()
+
+
+async def test_concurrent_updates_are_group_committed_and_a_refusal_fails_only_its_own(db: Database) -> None:
+    sessions = EventSourcedSessions(db, EventStore(db), Outbox(db))
+    await send_message(a_send(text="first"), sessions)  # a task starts: the next messages queue behind it
+    transactions = 0
+    original = sessions._commit_group
+
+    async def counted(*args):
+        nonlocal transactions
+        transactions += 1
+        return await original(*args)
+    sessions._commit_group = counted
+    sends = [send_message(a_send(device_id=f"d{i}", text=f"m{i}", expected_version=3 if i == 7 else -1), sessions)
+             for i in range(40)]
+    with anyio.fail_after(60):
+        results = await asyncio.gather(*sends, return_exceptions=True)
+    refused = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    assert refused == [7] or (refused == [] and results[7].version == 4)  # stale unless it went first
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    assert sorted(r.version for r in ok) == sorted({r.version for r in ok})  # each saw its own append
+    assert transactions < len(sends)  # grouped: fewer transactions than updates
+    session = await get_session("acme", "s1", sessions)
+    assert session.version == 3 + len(ok) and [m.text for m in session.messages][0] == "first"
+    fresh = EventSourcedSessions(db, sessions.store, sessions.outbox, cache_size=0)
+    assert (await fresh.load("acme", "s1")).to_dict() == session.to_dict()

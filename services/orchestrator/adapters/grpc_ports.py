@@ -69,6 +69,49 @@ class GrpcMemoryWriter:
             raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
 
 
+    async def write_turns(self, tenant_id: str, user_id: str, session_id: str,
+                          turns: list[tuple[str, str, str]]) -> None:
+        tenant = common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id)
+        writes = [memory_pb2.WriteMemoryRequest(
+            tenant=tenant, layer=common_pb2.MEMORY_LAYER_SESSION, content=text[:16_000], tags=[f"role:{role}"],
+            source=common_pb2.SOURCE_KIND_USER_STATEMENT if role == "user" else common_pb2.SOURCE_KIND_MODEL_INFERENCE,
+            idempotency_key=key[:128]) for role, text, key in turns if text.strip()]
+        try:
+            reply = await self.stub.WriteBatch(memory_pb2.WriteBatchRequest(tenant=tenant, writes=writes),
+                                               timeout=self.timeout,
+                                               metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+        failed = [r.error.reason for r in reply.results if r.result.status == memory_pb2.WRITE_STATUS_FAILED]
+        if failed:
+            raise RuntimeError(f"memory-writer refused {len(failed)} turn(s): {failed[0]}")
+
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        request = memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
+            layer=common_pb2.MEMORY_LAYER_STEP, source=common_pb2.SOURCE_KIND_AUTHORITATIVE_API,
+            confidence=common_pb2.CONFIDENCE_L1_STRONG, content=content[:16_000], tags=list(tags),
+            derived_from=list(derived_from), idempotency_key=idempotency_key[:128])
+        try:
+            reply = await self.stub.Write(request, timeout=self.timeout,
+                                          metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+        return reply.memory_id
+
+    async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
+        request = memory_pb2.CompressSessionRequest(
+            tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
+            window_tokens=window_tokens)
+        try:
+            reply = await self.stub.CompressSession(request, timeout=self.timeout * 5,
+                                                    metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+        return reply.summary_memory_id if reply.compressed else ""
+
+
 class GrpcToolGateway:
     def __init__(self, channel: grpc.aio.Channel, issue: TokenIssuer) -> None:
         self.stub, self.tokens = tools_pb2_grpc.ToolGatewayStub(channel), _Tokens(issue)

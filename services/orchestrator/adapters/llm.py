@@ -1,8 +1,8 @@
 """Decisions from any OpenAI-compatible chat endpoint with function calling.
 
-The model is offered one function, `decide`, whose parameters are the decision schema (and
-the caller's tools are listed in the system prompt); its arguments, or failing that a JSON
-object in the message text, are the decision. Validation happens in the service layer.
+The model is offered one function, `decide`, whose parameters are the decision's shape (and
+the caller's tools are listed in the system prompt), and is required to call it; its arguments,
+or failing that a JSON object in the message text, are the decision. Validation happens in the service layer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from services.orchestrator.service_layer.planner import DECISION_SCHEMA
+from services.orchestrator.service_layer.planner import DECISION_PARAMETERS
 from services.orchestrator.service_layer.ports import ToolInfo
 
 __all__ = ["OpenAICompatible"]
@@ -29,7 +29,10 @@ class OpenAICompatible:
             "model": self.model, "temperature": 0, "max_tokens": 400,
             "messages": [{"role": "system", "content": f"Tools you may call:\n{catalogue}"}, *messages],
             "tools": [{"type": "function", "function": {"name": "decide", "description": "The next step.",
-                                                        "parameters": DECISION_SCHEMA}}],
+                                                        "parameters": DECISION_PARAMETERS}}],
+            # Forced: the answer is a call of `decide` (servers that constrain output to the parameters'
+            # schema, like llama.cpp's, then cannot write anything else).
+            "tool_choice": {"type": "function", "function": {"name": "decide"}},
         }
         try:
             response = await self.client.post("/chat/completions", json=body, headers=self.headers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ class LocalMemory:
 
     memories: list[tuple[MemoryHit, str]] = field(default_factory=list)  # (hit, user id)
     steps: dict[str, dict[str, str]] = field(default_factory=dict)
+    turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # session -> (role, text, key)
+    compressed: list[str] = field(default_factory=list)  # sessions whose compression was asked for
+    outcomes: dict[str, dict] = field(default_factory=dict)  # memory id -> recorded outcome (agent to agent)
 
     def remember(self, user_id: str, memory_id: str, content: str, key: str = "", *, strong: bool = True,
                  must_confirm: bool = False) -> None:
@@ -108,3 +112,29 @@ class LocalMemory:
                          content: str, trigger: str) -> None:
         self.steps[step_id] = {"tool": tool, "content": content, "trigger": trigger, "session_id": session_id}
         json.loads(content)  # step results are JSON; anything else is a bug upstream
+
+    async def write_turns(self, tenant_id: str, user_id: str, session_id: str,
+                          turns: list[tuple[str, str, str]]) -> None:
+        kept = self.turns.setdefault(session_id, [])
+        kept += [t for t in turns if t[2] not in {k for _, _, k in kept}]  # idempotent by key
+
+    async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
+        """Summarise the session's turns into one memory of the user (the turns themselves, in order) once
+        they fill 65 % of the window (words standing in for tokens), as the memory-writer's trigger does."""
+        turns = self.turns.get(session_id, [])
+        if sum(len(text.split()) for _, text, _ in turns) < 0.65 * window_tokens:
+            return ""
+        del self.turns[session_id]
+        self.compressed.append(session_id)
+        memory_id = f"summary-{session_id}-{len(self.compressed)}"
+        self.remember(user_id, memory_id, "\n".join(f"{role}: {text}" for role, text, _ in turns), strong=False,
+                      must_confirm=True)
+        return memory_id
+
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        memory_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant_id}/{user_id}/{idempotency_key}"))
+        self.outcomes[memory_id] = {"content": content, "tags": tags, "derived_from": derived_from,
+                                    "session_id": session_id, "user_id": user_id}
+        self.remember(user_id, memory_id, content)
+        return memory_id

@@ -12,6 +12,7 @@ replicas are always seen.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import fields, replace
@@ -24,11 +25,16 @@ from libs.eventstore import EventStore, StoredEvent
 from libs.outbox import Outbox
 from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
 from libs.snapshots import SnapshotStore
+from services.orchestrator.adapters.feeds import StreamFeeds
 from services.orchestrator.domain import (
     SNAPSHOT_SCHEMA,
     ActionFinished,
     ActionStarted,
+    CompensationFinished,
     DecisionMade,
+    DelegationAnswered,
+    DelegationChecked,
+    DelegationStarted,
     MessageAppended,
     Session,
     SessionEvent,
@@ -54,9 +60,15 @@ EVENT_MESSAGES = {
     ActionStarted: ("session.action_started", events_pb2.SessionActionStarted, "action_started"),
     ActionFinished: ("session.action_finished", events_pb2.SessionActionFinished, "action_finished"),
     TurnRecovered: ("session.turn_recovered", events_pb2.SessionTurnRecovered, "turn_recovered"),
+    DelegationStarted: ("session.delegation_started", events_pb2.SessionDelegationStarted, "delegation_started"),
+    DelegationAnswered: ("session.delegation_answered", events_pb2.SessionDelegationAnswered, "delegation_answered"),
+    DelegationChecked: ("session.delegation_checked", events_pb2.SessionDelegationChecked, "delegation_checked"),
+    CompensationFinished: ("session.compensation_finished", events_pb2.SessionCompensationFinished,
+                           "compensation_finished"),
 }
 _BY_TYPE = {event_type: cls for cls, (event_type, _, _) in EVENT_MESSAGES.items()}
 _NOT_IN_PAYLOAD = {"event_id", "user_id"}  # the envelope's id; the tenant context's user
+_MAX_GROUP = 64  # updates of one session committed in one transaction at most
 
 
 def stream_id(tenant_id: str, session_id: str) -> str:
@@ -104,11 +116,18 @@ def _versioned(stored: StoredEvent) -> Versioned:
 
 class EventSourcedSessions:
     def __init__(self, db: Database, store: EventStore, outbox: Outbox,
-                 snapshots: SnapshotStore | None = None, cache_size: int = 1024) -> None:
+                 snapshots: SnapshotStore | None = None, cache_size: int = 1024, *,
+                 max_group: int = _MAX_GROUP, shared_reader: bool = True) -> None:
+        """`max_group=1, shared_reader=False`: a transaction per update and a reader per follower (the
+        benchmark's baseline)."""
         self.db, self.store, self.outbox = db, store, outbox
+        self.max_group, self.shared_reader = max_group, shared_reader
         self.snapshots = snapshots or SnapshotStore()
         self.cache_size = cache_size
         self._cache: OrderedDict[str, tuple[Session, int]] = OrderedDict()  # stream -> (committed state, snapshot v.)
+        self._waiting: dict[str, list[tuple[Callable, asyncio.Future]]] = {}  # stream -> updates not yet committed
+        self._committing: dict[str, asyncio.Task] = {}  # stream -> the task committing its waiting updates
+        self.feeds = StreamFeeds(store, _versioned)  # one reader per followed session, however many follow it
 
     def _cached(self, stream: str) -> tuple[Session, int] | None:
         hit = self._cache.get(stream)
@@ -154,30 +173,84 @@ class EventSourcedSessions:
 
     async def update(self, tenant_id: str, session_id: str,
                      decide: Callable[[Session], list[SessionEvent]]) -> Session:
+        """Group commit: updates of one session that wait while a transaction holds it are decided in order,
+        each on the state the ones before it left, and appended together in the next transaction (one lock,
+        one load, one append, one commit for all of them). A decide that raises fails only its own update;
+        a transaction that fails fails every update in it (none of their events was written).
+
+        The transaction runs in a task of its own: a caller that stops waiting does not cut it short for
+        the others (its events are written or not, as if it had waited)."""
         stream = stream_id(tenant_id, session_id)
+        done: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(stream, []).append((decide, done))
+        if stream not in self._committing:
+            task = asyncio.ensure_future(self._commit_waiting(tenant_id, session_id, stream))
+            self._committing[stream] = task
+        return await asyncio.shield(done)
+
+    async def _commit_waiting(self, tenant_id: str, session_id: str, stream: str) -> None:
+        try:
+            while batch := self._waiting.get(stream):
+                self._waiting[stream] = batch[self.max_group:]
+                batch = batch[:self.max_group]
+                try:
+                    results = await self._commit_group(tenant_id, session_id, stream, [d for d, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - the transaction failed: every update of the group did
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                except BaseException:  # cancelled (shutdown): so are the updates that waited on it
+                    for _, done in batch:
+                        done.cancel()
+                    raise
+                for (_, done), result in zip(batch, results, strict=True):
+                    if done.done():
+                        continue
+                    if isinstance(result, Exception):
+                        done.set_exception(result)
+                    else:
+                        done.set_result(result)
+        finally:
+            del self._committing[stream]
+            for _, done in self._waiting.pop(stream, []):  # only left when cancelled: nothing commits them now
+                done.cancel()
+
+    async def _commit_group(self, tenant_id: str, session_id: str, stream: str,
+                            decides: list[Callable[[Session], list[SessionEvent]]]) -> list[Session | Exception]:
+        results: list[Session | Exception] = []
         async with self.db.transaction(tenant_id) as conn:
             await self.store.lock_stream(conn, stream)
             session, snapshot_version = await self._load_in(conn, tenant_id, session_id)
-            events = decide(session)
-            if not events:
-                self._keep(stream, session, snapshot_version)
-                return session
-            envelopes = [_envelope(tenant_id, session_id, e) for e in events]
-            version = await self.store.append(conn, stream, session.version, envelopes)
-            for envelope in envelopes:
-                await self.outbox.add(conn, envelope)
-            first = version - len(events) + 1
-            for i, envelope in enumerate(envelopes):
-                session.apply(Versioned(first + i, replace(events[i], event_id=envelope.event_id),
-                                        envelope.occurred_at))  # as a replay will see it
-            if self.snapshots.due(snapshot_version, session.version):
-                await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
-                                          session.to_dict())
-                snapshot_version = session.version
+            start = session.version
+            envelopes: list[Envelope] = []
+            for decide in decides:
+                try:
+                    events = decide(session)
+                except Exception as exc:  # noqa: BLE001 - the caller's refusal (a stale version, say): its own
+                    results.append(exc)
+                    continue
+                for event in events:
+                    envelope = _envelope(tenant_id, session_id, event)
+                    envelopes.append(envelope)
+                    session.apply(Versioned(start + len(envelopes), replace(event, event_id=envelope.event_id),
+                                            envelope.occurred_at))  # as a replay will see it
+                results.append(session.copy() if len(decides) > 1 else session)
+            if envelopes:
+                await self.store.append(conn, stream, start, envelopes)
+                await self.outbox.add_many(conn, envelopes)
+                if self.snapshots.due(snapshot_version, session.version):
+                    await self.snapshots.save(conn, tenant_id, stream, SNAPSHOT_SCHEMA, session.version,
+                                              session.to_dict())
+                    snapshot_version = session.version
         self._keep(stream, session, snapshot_version)  # committed: the transaction ended without an error
-        return session
+        return results
 
     async def follow(self, tenant_id: str, session_id: str, after_version: int) -> AsyncIterator[Versioned]:
-        async for stored in self.store.subscribe_stream(stream_id(tenant_id, session_id), after_version,
-                                                        tenant_id=tenant_id):
+        stream = stream_id(tenant_id, session_id)
+        if self.shared_reader:
+            async for item in self.feeds.follow(stream, after_version, tenant_id):
+                yield item
+            return
+        async for stored in self.store.subscribe_stream(stream, after_version, tenant_id=tenant_id):
             yield _versioned(stored)

@@ -93,7 +93,7 @@ class SlotFilled:
     task_id: str
     name: str
     value: str
-    source: str  # message | answer | memory:L1 | memory:L2-confirmed
+    source: str  # message | answer | memory:L1:<memory id> | memory:L2-confirmed:<memory id>
     event_id: str = ""
 
 
@@ -143,8 +143,51 @@ class TurnRecovered:
     event_id: str = ""
 
 
+@dataclass(frozen=True)
+class DelegationStarted:
+    """A call to another agent began; the expected outcome was recorded in memory first."""
+
+    delegation_id: str
+    task_id: str
+    agent: str
+    text: str
+    expected_json: str
+    expected_memory_id: str
+    compensation_json: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class DelegationAnswered:
+    delegation_id: str
+    reply: str
+    actual_json: str = "{}"
+    actual_memory_id: str = ""
+    reason: str = ""     # why there is no answer (the call failed)
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class DelegationChecked:
+    delegation_id: str
+    matched: bool
+    reason: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class CompensationFinished:
+    delegation_id: str
+    tool: str
+    outcome: str         # ok | error | timeout
+    result_json: str = "{}"
+    reason: str = ""
+    event_id: str = ""
+
+
 SessionEvent = (MessageAppended | StateChanged | TaskStarted | TaskEnded | SlotFilled | DecisionMade
-                | ActionStarted | ActionFinished | TurnRecovered)
+                | ActionStarted | ActionFinished | TurnRecovered | DelegationStarted | DelegationAnswered
+                | DelegationChecked | CompensationFinished)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.logs import get_logger
+from libs.tokens import packaged_tokenizer
 from services.orchestrator.domain import (
     ActionFinished,
     ActionStarted,
@@ -37,10 +38,11 @@ from services.orchestrator.domain import (
     TaskEnded,
     TurnRecovered,
 )
+from services.orchestrator.domain.context import Budget, ContextInput, TokenCounter, build_context
 from services.orchestrator.domain.grounding import Source, check_reply
 from services.orchestrator.domain.interrupts import InterruptDetector
 from services.orchestrator.domain.rulebook import RuleBook
-from services.orchestrator.service_layer.planner import decide_open_question
+from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
     DecisionMaker,
     MemoryWriter,
@@ -68,6 +70,8 @@ class Agent:
     tool_deadline_seconds: float = 10.0
     lease_seconds: float = 60.0  # a busy turn that has not moved for this long has lost its runner
     clock: Callable[[], float] = time.time
+    counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
+    budget: Budget = field(default_factory=Budget)
     _detector: tuple[RuleBook, InterruptDetector] | None = field(default=None, repr=False)
     _turns: set[asyncio.Task] = field(default_factory=set, repr=False)
 
@@ -253,12 +257,15 @@ class Agent:
         for slot in intent.slots:
             if slot.name in task.slots:
                 continue
-            if slot.memory_key:
-                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, slot.memory_key, 3)
-                hit = next((h for h in hits if h.key == slot.memory_key and h.strong), None)
-                if hit is not None and slot.validator.check(hit.content) is None:
-                    return await self._commit(session, [SlotFilled(task.task_id, slot.name,
-                                                                   slot.validator.clean(hit.content), "memory:L1")])
+            if slot.memory_key:  # an L1 memory under the key, found by what the user asked and the key's words
+                query = f"{task.text} {slot.memory_key.replace('_', ' ')}"
+                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, query, 10)
+                for hit in hits:
+                    value = slot.validator.extract(hit.content)[0] if hit.key == slot.memory_key and hit.strong \
+                        else None
+                    if value is not None:
+                        return await self._commit(session, [SlotFilled(task.task_id, slot.name, value,
+                                                                       f"memory:L1:{hit.memory_id}")])
             _, refused = slot.validator.extract(" ".join([task.text, *task.answers]))
             question = f"{refused[0].upper()}{refused[1:]}. {slot.question}" if refused else slot.question
             return await self._commit(session, [self._say(session, question, Handling.QUESTION),
@@ -349,12 +356,43 @@ class Agent:
         task, book = session.task, self.rules()
         memories = await self.retriever.search(session.tenant_id, user_id, session.session_id, task.text)
         tools = await self.gateway.list_tools(session.tenant_id) if self.llm is not None else []
-        planned = await decide_open_question(task.task_id, task.text, memories, tools, book, self.llm)
+        context = build_context(ContextInput(
+            system=DECISION_PROMPT, task="\n".join([task.text, *task.answers]),
+            tools=[(t.name, t.description) for t in tools],
+            steps=[(a.action_id, a.tool, a.result_json) for a in task.actions if a.outcome == Outcome.OK],
+            memories=[(m.memory_id, m.content) for m in memories],
+            history=[(m.role, m.text) for m in session.messages if m.task_id != task.task_id]),
+            self.counter, self.budget)
+        if context.compress_history:
+            await self._compress(session, user_id)
+        offered = [t for t in tools if t.name in context.tools]
+        planned = await decide_open_question(task.task_id, context.messages, memories, offered, book, self.llm)
         reason = f"decided by {planned.decision.decided_by}"
         if planned.problems:
             reason += f" after refusing: {'; '.join(planned.problems)}"
         return await self._commit(session, [planned.decision, StateChanged(State.LLM_DECIDE, State.ROUTING, reason,
                                                                            task_id=task.task_id)])
+
+    async def _compress(self, session: Session, user_id: str) -> None:
+        """The history outgrew its part: the memory-writer summarises the turns it holds not yet covered by a
+        summary once they fill its trigger's share of that part (advisory: a failure is logged)."""
+        try:
+            summary = await self.memory.compress(session.tenant_id, user_id, session.session_id, self.budget.history)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("the session's history was not compressed", session_id=session.session_id, error=str(exc))
+            return
+        if summary:
+            log.info("the session's history was compressed", session_id=session.session_id, summary=summary)
+
+    async def _record_turn(self, session: Session, user_id: str, reply: str) -> None:
+        """The task's request and its reply as session-layer turns: what compression summarises."""
+        task = session.task
+        turns = [("user", "\n".join([task.text, *task.answers]), f"{task.task_id}:user"),
+                 ("assistant", reply, f"{task.task_id}:reply")]
+        try:
+            await self.memory.write_turns(session.tenant_id, user_id, session.session_id, turns)
+        except (OSError, ValueError, RuntimeError) as exc:  # memory is advisory here; the turn is kept
+            log.warning("the turn was not written to memory", task_id=task.task_id, error=str(exc))
 
     # --- GENERATING: a grounded reply -------------------------------------------------------------------------
 
@@ -365,6 +403,8 @@ class Agent:
         done = [a for a in task.actions if a.outcome == Outcome.OK]
         sources = [Source(a.action_id, a.result_json) for a in done]
         sources += [Source(s["ref"], s["text"]) for s in json.loads(decision.arguments_json).get("sources", [])]
+        sources += [Source(source.rsplit(":", 1)[-1], value) for value, source in task.slots.values()
+                    if source.startswith("memory:")]  # a value taken from memory cites that memory
         result = json.loads(done[-1].result_json) if done else {}
         values = {**{k: v[0] for k, v in task.slots.items()}, **{k: _plain(v) for k, v in result.items()}}
         if intent is not None:
@@ -384,7 +424,10 @@ class Agent:
         else:
             events += [TaskEnded(task.task_id, Outcome.DONE, reason),
                        StateChanged(State.GENERATING, State.IDLE, reason)]
-        return await self._commit(session, events)
+        after = await self._commit(session, events)
+        if after.version > session.version and decision.action != "ask":
+            await self._record_turn(session, user_id, reply)
+        return after
 
     @staticmethod
     def _say(session: Session, text: str, handling: Handling, citations: tuple[str, ...] = ()) -> MessageAppended:

@@ -20,7 +20,7 @@ from services.orchestrator.domain import DecisionMade
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.ports import DecisionMaker, MemoryHit, ToolInfo
 
-__all__ = ["DECISION_SCHEMA", "Planned", "decide_open_question"]
+__all__ = ["DECISION_PARAMETERS", "DECISION_PROMPT", "DECISION_SCHEMA", "Planned", "decide_open_question"]
 
 log = get_logger(__name__)
 
@@ -38,6 +38,15 @@ DECISION_SCHEMA: dict[str, Any] = {
         {"if": {"properties": {"action": {"const": "tool"}}}, "then": {"required": ["tool", "arguments"]}},
         {"if": {"properties": {"action": {"enum": ["reply", "ask"]}}}, "then": {"required": ["text"]}},
     ],
+}
+# What the model is asked to fill (the function's parameters): the schema's shape without its limits and
+# conditions, which servers that turn a schema into a grammar (llama.cpp) cannot all compile (a 4,000-
+# character limit becomes a rule repeated 4,000 times). DECISION_SCHEMA itself still validates the answer.
+DECISION_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "required": ["action"],
+    "properties": {"action": {"enum": ["tool", "reply", "ask", "human"]}, "tool": {"type": "string"},
+                   "arguments": {"type": "object"}, "text": {"type": "string"}},
 }
 _VALIDATOR = SafeValidator(DECISION_SCHEMA)
 MIN_MEMORY_SCORE = 0.2
@@ -74,25 +83,27 @@ def _planner(task_id: str, memories: list[MemoryHit], book: RuleBook) -> Decisio
                         arguments_json=_memory_sources([]))
 
 
-async def decide_open_question(task_id: str, text: str, memories: list[MemoryHit], tools: list[ToolInfo],
-                               book: RuleBook, llm: DecisionMaker | None) -> Planned:
+DECISION_PROMPT = ("Decide the next step for the user's last message. Answer only with JSON matching: "
+                   + json.dumps(DECISION_SCHEMA, separators=(",", ":")))
+
+
+async def decide_open_question(task_id: str, context: list[dict[str, str]], memories: list[MemoryHit],
+                               tools: list[ToolInfo], book: RuleBook, llm: DecisionMaker | None) -> Planned:
+    """`context`: the messages the context builder made (DECISION_PROMPT first, memories under their anchors)."""
     if llm is None:
         return Planned(_planner(task_id, memories, book))
-    anchors = "\n".join(f"[memory {m.memory_id}] {m.content}" for m in memories) or "(no memories)"
-    messages = [
-        {"role": "system", "content": "Decide the next step. Answer only with JSON: "
-                                      + json.dumps(DECISION_SCHEMA, separators=(",", ":"))},
-        {"role": "system", "content": f"Memories:\n{anchors}"},
-        {"role": "user", "content": text},
-    ]
+    messages = list(context)
     problems: list[str] = []
     for _attempt in range(2):  # an invalid decision is retried once
         try:
             raw = await llm.decide(messages, tools)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:  # the endpoint failed: asking again now would fail the same way
             problems.append(f"the model did not answer: {exc}")
             break
-        problem = _problem(raw, tools)
+        except ValueError as exc:  # an answer that holds no decision: malformed, retried like an invalid one
+            raw, problem = None, f"no decision in the answer: {exc}"
+        else:
+            problem = _problem(raw, tools)
         if problem is None:
             return Planned(DecisionMade(task_id, "llm", raw["action"], tool=raw.get("tool", ""),
                                         arguments_json=json.dumps(raw.get("arguments", {}), ensure_ascii=False)

@@ -56,6 +56,22 @@ class MemoryWriter(Protocol):
         """Store a tool result in the step layer under its step id, with the condition that triggered it."""
         ...
 
+    async def write_turns(self, tenant_id: str, user_id: str, session_id: str,
+                          turns: list[tuple[str, str, str]]) -> None:
+        """Store conversation turns (role, text, idempotency key) in the session layer: what compression
+        summarises."""
+        ...
+
+    async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
+                             tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:
+        """Record an outcome (expected or actual, of a call between agents) as a step memory; its id."""
+        ...
+
+    async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
+        """Summarise the session's turns not yet covered into one memory when they fill enough of a window of
+        `window_tokens` (the memory-writer's trigger); the summary's id, or "" when nothing was due."""
+        ...
+
 
 @dataclass(frozen=True)
 class ToolInfo:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from libs.auth import current_principal
 from libs.errors import DeadlineExceeded, DomainError, Internal, NotFound
 from libs.logs import get_logger
 from services.tool_gateway.domain import (
@@ -268,6 +269,7 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
 async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
     """Run one call through the whole pipeline. Refusals and failures come back as the outcome's
     error (never raised), and every call is audited."""
+    current_principal.set(call.principal)  # backends that act for the caller (memory) read it; this task only
     started = ports.clock()
     call_id = uuid.uuid4().hex
     version = call.version

@@ -355,3 +355,67 @@ class SessionTurnRecovered(_message.Message):
     idle_seconds: float
     reason: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., state: _Optional[str] = ..., idle_seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionDelegationStarted(_message.Message):
+    __slots__ = ("tenant", "delegation_id", "task_id", "agent", "text", "expected_json", "expected_memory_id", "compensation_json")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPENSATION_JSON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    delegation_id: str
+    task_id: str
+    agent: str
+    text: str
+    expected_json: str
+    expected_memory_id: str
+    compensation_json: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., delegation_id: _Optional[str] = ..., task_id: _Optional[str] = ..., agent: _Optional[str] = ..., text: _Optional[str] = ..., expected_json: _Optional[str] = ..., expected_memory_id: _Optional[str] = ..., compensation_json: _Optional[str] = ...) -> None: ...
+
+class SessionDelegationAnswered(_message.Message):
+    __slots__ = ("tenant", "delegation_id", "reply", "actual_json", "actual_memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_JSON_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    delegation_id: str
+    reply: str
+    actual_json: str
+    actual_memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., delegation_id: _Optional[str] = ..., reply: _Optional[str] = ..., actual_json: _Optional[str] = ..., actual_memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionDelegationChecked(_message.Message):
+    __slots__ = ("tenant", "delegation_id", "matched", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    delegation_id: str
+    matched: bool
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., delegation_id: _Optional[str] = ..., matched: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionCompensationFinished(_message.Message):
+    __slots__ = ("tenant", "delegation_id", "tool", "outcome", "result_json", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    delegation_id: str
+    tool: str
+    outcome: str
+    result_json: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., delegation_id: _Optional[str] = ..., tool: _Optional[str] = ..., outcome: _Optional[str] = ..., result_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -47,7 +47,7 @@ class SubscribeRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., session_id: _Optional[str] = ..., from_version: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished", "turn_recovered")
+    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished", "turn_recovered", "delegation_started", "delegation_answered", "delegation_checked", "compensation_finished")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,10 @@ class SessionEvent(_message.Message):
     ACTION_STARTED_FIELD_NUMBER: _ClassVar[int]
     ACTION_FINISHED_FIELD_NUMBER: _ClassVar[int]
     TURN_RECOVERED_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_STARTED_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    COMPENSATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     version: int
     event_type: str
@@ -74,7 +78,11 @@ class SessionEvent(_message.Message):
     action_started: _events_pb2.SessionActionStarted
     action_finished: _events_pb2.SessionActionFinished
     turn_recovered: _events_pb2.SessionTurnRecovered
-    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ..., turn_recovered: _Optional[_Union[_events_pb2.SessionTurnRecovered, _Mapping]] = ...) -> None: ...
+    delegation_started: _events_pb2.SessionDelegationStarted
+    delegation_answered: _events_pb2.SessionDelegationAnswered
+    delegation_checked: _events_pb2.SessionDelegationChecked
+    compensation_finished: _events_pb2.SessionCompensationFinished
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ..., turn_recovered: _Optional[_Union[_events_pb2.SessionTurnRecovered, _Mapping]] = ..., delegation_started: _Optional[_Union[_events_pb2.SessionDelegationStarted, _Mapping]] = ..., delegation_answered: _Optional[_Union[_events_pb2.SessionDelegationAnswered, _Mapping]] = ..., delegation_checked: _Optional[_Union[_events_pb2.SessionDelegationChecked, _Mapping]] = ..., compensation_finished: _Optional[_Union[_events_pb2.SessionCompensationFinished, _Mapping]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("tenant", "session_id")

@@ -21,6 +21,12 @@ from libs.validation import TENANT_ID, TENANT_ID_RULE, is_tenant_id
 __all__ = ["TENANT_ID", "TENANT_ID_RULE", "Principal", "TokenVerifier", "current_principal", "is_tenant_id",
            "issue_token", "refuse_published_secret", "service_token"]
 
+# Verified tokens are remembered (token string -> principal) so that an agent calling many times with one
+# token does not pay a signature check per call: until the token expires, and at most this long, which
+# bounds how long a token keeps working after its signing key was withdrawn from the JWKS.
+VERIFIED_TTL_SECONDS = 60.0
+VERIFIED_MAX = 4096
+
 @dataclass(frozen=True)
 class Principal:
     subject: str
@@ -84,17 +90,42 @@ class TokenVerifier:
             self._key = Path(settings.jwt_public_key_file).read_text()
         elif self._jwks is None:
             raise ValueError("MNEMESH_JWT_ALGORITHM=RS256 needs MNEMESH_JWT_JWKS_URL or MNEMESH_JWT_PUBLIC_KEY_FILE")
+        self._verified: dict[str, tuple[Principal, float]] = {}  # token -> (principal, monotonic deadline)
 
     @property
     def fetches_keys(self) -> bool:
         """Whether verify() may block on a JWKS fetch (then call it off the event loop)."""
         return self._jwks is not None
 
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified less than VERIFIED_TTL_SECONDS ago and not expired yet."""
+        hit = self._verified.get(token)
+        if hit is None:
+            return None
+        if time.monotonic() < hit[1]:
+            return hit[0]
+        self._verified.pop(token, None)
+        return None
+
     def verify(self, token: str | None) -> Principal:
         """The principal of a bearer token; Unauthenticated with the precise reason otherwise.
 
-        With a JWKS URL this may fetch keys (blocking, cached): call it off the event loop.
+        A token verified before is answered from memory until its `exp` (at most VERIFIED_TTL_SECONDS);
+        only good tokens are remembered. With a JWKS URL this may fetch keys (blocking, cached): call it
+        off the event loop (or use cached() first).
         """
+        principal = self.cached(token) if token else None
+        if principal is not None:
+            return principal
+        principal, expires = self._verify(token)
+        ttl = min(VERIFIED_TTL_SECONDS, expires - time.time())
+        if ttl > 0:
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()  # simplest bound; refilled by the next calls
+            self._verified[token] = (principal, time.monotonic() + ttl)  # type: ignore[index]
+        return principal
+
+    def _verify(self, token: str | None) -> tuple[Principal, float]:
         if not token:
             raise Unauthenticated("no bearer token", field="authorization",
                                   hint="send the metadata 'authorization: Bearer <jwt>' (`mnemesh token` makes one)")
@@ -134,4 +165,4 @@ class TokenVerifier:
         if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
             raise Unauthenticated("the token's scopes must be a space-separated string or a list of strings",
                                   field="authorization", hint="fix the scope claim of the issuer")
-        return Principal(subject=str(claims["sub"]), tenant_id=tenant, scopes=frozenset(raw))
+        return Principal(subject=str(claims["sub"]), tenant_id=tenant, scopes=frozenset(raw)), float(claims["exp"])

@@ -116,6 +116,9 @@ class CallPipeline(grpc.aio.ServerInterceptor):
         token = header[7:].strip() if header.lower().startswith("bearer ") else None
         if self.verifier.algorithm == "HS256":
             return self.verifier.verify(token)
+        cached = self.verifier.cached(token) if token else None  # no thread hop for a token verified before
+        if cached is not None:
+            return cached
         return await asyncio.to_thread(self.verifier.verify, token)  # may fetch JWKS
 
     def _authorise(self, method: str, principal: Principal, request) -> None:

@@ -155,7 +155,7 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                 try:
                     await _mcp_calls(gateway_url, "fx.echo", token, 1, 0)
                     break
-                except RuntimeError:
+                except (RuntimeError, ExceptionGroup):  # the SDK client's task group wraps the failure
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.2)

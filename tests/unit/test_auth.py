@@ -142,3 +142,36 @@ def test_clock_skew_within_the_leeway_is_tolerated_and_beyond_it_refused(setting
                                                                algorithm="HS256")).reason
     strict = load_settings(jwt_secret=SECRET, jwt_leeway_seconds=0)
     assert "expired" in refused(strict, jwt.encode(claims(strict, exp=now - 10), SECRET, algorithm="HS256")).reason
+
+
+def test_a_verified_token_is_answered_from_memory_until_it_expires(settings: Settings, monkeypatch) -> None:
+    verifier = TokenVerifier(settings)
+    token = issue_token(settings, subject="agent-7", tenant_id="acme", scopes=["tools:call"], ttl_seconds=600)
+    first = verifier.verify(token)
+    decoded = []
+
+    def refuse(*args, **kwargs):
+        decoded.append(1)
+        raise jwt.InvalidSignatureError("stub")
+
+    monkeypatch.setattr(jwt, "decode", refuse)
+    assert verifier.verify(token) == first and verifier.cached(token) == first
+    assert decoded == []  # no second signature check
+    # Past the remembered deadline the token is checked again (here: refused by the stubbed decode).
+    monkeypatch.setattr(time, "monotonic", lambda: 10**12)
+    assert verifier.cached(token) is None
+    with pytest.raises(Unauthenticated):
+        verifier.verify(token)
+    assert decoded == [1]
+
+
+def test_a_refused_or_already_expired_token_is_never_remembered(settings: Settings) -> None:
+    verifier = TokenVerifier(settings)
+    expired = jwt.encode(claims(settings, exp=int(time.time()) - 1000), SECRET, algorithm="HS256")
+    with pytest.raises(Unauthenticated):
+        verifier.verify(expired)
+    assert verifier.cached(expired) is None
+    # Within the leeway the token still verifies, but it is past its exp: not remembered.
+    late = jwt.encode(claims(settings, exp=int(time.time()) - 1), SECRET, algorithm="HS256")
+    verifier.verify(late)
+    assert verifier.cached(late) is None

@@ -93,6 +93,9 @@ class BearerAuth:
                                        "(`mnemesh token` makes one)")
         if self.verifier.algorithm == "HS256":
             return self.verifier.verify(token)
+        cached = self.verifier.cached(token)  # no thread hop for a token verified before
+        if cached is not None:
+            return cached
         return await asyncio.to_thread(self.verifier.verify, token)  # may fetch JWKS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

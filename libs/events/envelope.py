@@ -108,15 +108,23 @@ class Envelope:
             raise MalformedEvent(field="payload", reason=f"must be a JSON object (a {self.spec.message.__name__})",
                                  hint="publish the payload as proto3 JSON of the message named in the AsyncAPI "
                                       "document")
-        try:
-            # A newer version than this consumer knows is read tolerantly: known fields only.
-            return json_format.Parse(self.payload, self.spec.message(),
-                                     ignore_unknown_fields=self.schema_version > self.spec.version)
-        except json_format.ParseError as exc:
-            raise MalformedEvent(
-                field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
-                hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
-            ) from None
+        # Parsed once per envelope (checked on receipt, then read by the handler): each caller gets its own
+        # copy, so none sees another's changes.
+        parsed = self.__dict__.get("_parsed")
+        if parsed is None:
+            try:
+                # A newer version than this consumer knows is read tolerantly: known fields only.
+                parsed = json_format.Parse(self.payload, self.spec.message(),
+                                           ignore_unknown_fields=self.schema_version > self.spec.version)
+            except json_format.ParseError as exc:
+                raise MalformedEvent(
+                    field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
+                    hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
+                ) from None
+            object.__setattr__(self, "_parsed", parsed)  # not a field: equality and replace() ignore it
+        message = self.spec.message()
+        message.CopyFrom(parsed)
+        return message
 
     def to_fields(self) -> dict[str, str]:
         return {

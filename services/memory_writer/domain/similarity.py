@@ -74,7 +74,9 @@ def minhash_many(contents: Sequence[str]) -> list[list[int]]:
     def run() -> None:
         x = np.fromiter(itertools.chain.from_iterable(s for _, s in pending), dtype=np.uint64, count=size)
         starts = np.cumsum([0] + [len(s) for _, s in pending[:-1]])
-        hashed = (np.multiply.outer(_A, x) + _B[:, None]) >> np.uint64(32)
+        hashed = np.multiply.outer(_A, x)  # in place from here: the array is the batch's largest
+        hashed += _B[:, None]
+        hashed >>= np.uint64(32)
         for (i, _), row in zip(pending, np.minimum.reduceat(hashed, starts, axis=1).T.tolist(), strict=True):
             signatures[i] = row
 

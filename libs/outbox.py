@@ -15,8 +15,10 @@ by each new leader) refuses older terms atomically with the XADD.
 
 A relay that dies after publishing and before marking makes its successor publish
 those rows again; consumers, being idempotent by event id, apply them once. A row
-that can never be published (it no longer parses) records why and goes to the
-dead-letter stream, so it cannot block the rows behind it.
+that can never be published (its fields no longer parse, or an older schema version
+cannot be upcast) records why and goes to the dead-letter stream, so it cannot block the
+rows behind it. A current-version payload is not parsed again here (the service printed it
+from its message); the consumers check it, and dead-letter it if it is broken.
 """
 
 from __future__ import annotations
@@ -137,7 +139,9 @@ class OutboxRelay:
         ready: list[tuple[int, Envelope, str]] = []
         for row_id, stream, fields in rows:
             try:
-                ready.append((row_id, Envelope.from_fields(fields), stream))
+                # The row's fields are checked, not its payload parsed again: this service printed it from
+                # a message (an older version is still upcast and checked); consumers check it anyway.
+                ready.append((row_id, Envelope.from_fields(fields, check_payload=False), stream))
             except MalformedEvent as exc:
                 failed.append((row_id, exc.to_dict()))
                 await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())

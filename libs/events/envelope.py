@@ -63,11 +63,29 @@ class Envelope:
         spec = EVENT_TYPES[event_type]
         if not isinstance(message, spec.message):
             raise TypeError(f"{event_type} carries {spec.message.__name__}, not {type(message).__name__}")
+        return cls.wrap_json(json_format.MessageToJson(message, indent=None), event_type=event_type,
+                             tenant_id=tenant_id, causation=causation, correlation_id=correlation_id,
+                             credential=credential)
+
+    @classmethod
+    def wrap_json(
+        cls,
+        payload: str,
+        *,
+        event_type: str,
+        tenant_id: str,
+        causation: Envelope | None = None,
+        correlation_id: str = "",
+        credential: str = "",
+    ) -> Envelope:
+        """As wrap, for a payload already printed as the proto3 JSON of the type's message (a producer
+        that builds it directly, without protobuf's printer, on a hot path)."""
+        spec = EVENT_TYPES[event_type]
         event_id = str(uuid.uuid4())
         return cls(
             event_type=event_type,
             tenant_id=tenant_id,
-            payload=json_format.MessageToJson(message, indent=None),
+            payload=payload,
             event_id=event_id,
             schema_version=spec.version,
             correlation_id=correlation_id or (causation.correlation_id if causation else "") or event_id,
@@ -90,15 +108,23 @@ class Envelope:
             raise MalformedEvent(field="payload", reason=f"must be a JSON object (a {self.spec.message.__name__})",
                                  hint="publish the payload as proto3 JSON of the message named in the AsyncAPI "
                                       "document")
-        try:
-            # A newer version than this consumer knows is read tolerantly: known fields only.
-            return json_format.Parse(self.payload, self.spec.message(),
-                                     ignore_unknown_fields=self.schema_version > self.spec.version)
-        except json_format.ParseError as exc:
-            raise MalformedEvent(
-                field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
-                hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
-            ) from None
+        # Parsed once per envelope (checked on receipt, then read by the handler): each caller gets its own
+        # copy, so none sees another's changes.
+        parsed = self.__dict__.get("_parsed")
+        if parsed is None:
+            try:
+                # A newer version than this consumer knows is read tolerantly: known fields only.
+                parsed = json_format.Parse(self.payload, self.spec.message(),
+                                           ignore_unknown_fields=self.schema_version > self.spec.version)
+            except json_format.ParseError as exc:
+                raise MalformedEvent(
+                    field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",
+                    hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
+                ) from None
+            object.__setattr__(self, "_parsed", parsed)  # not a field: equality and replace() ignore it
+        message = self.spec.message()
+        message.CopyFrom(parsed)
+        return message
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -114,8 +140,13 @@ class Envelope:
         } | ({CREDENTIAL_FIELD: self.credential} if self.credential else {})
 
     @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> Envelope:
-        """Parse stream entry fields, naming the first bad field."""
+    def from_fields(cls, fields: Mapping[str, str], *, check_payload: bool = True) -> Envelope:
+        """Parse stream entry fields, naming the first bad field.
+
+        `check_payload=False` checks the envelope's fields but not that a current-version payload parses
+        as its message (the outbox relay, republishing what its own service printed from a message;
+        a consumer still checks it). An older version's payload is upcast and checked either way.
+        """
         for name in _REQUIRED:
             if not fields.get(name):
                 raise MalformedEvent(field=name, reason="is missing or empty",
@@ -154,9 +185,10 @@ class Envelope:
             traceparent=fields.get("traceparent", ""),
             credential=fields.get(CREDENTIAL_FIELD, ""),
         )
-        envelope = envelope.upcast()
-        envelope.message()  # validate the payload now, not deep inside a handler
-        return envelope
+        current = envelope.upcast()
+        if check_payload or current is not envelope:
+            current.message()  # validate the payload now, not deep inside a handler
+        return current
 
     def upcast(self) -> Envelope:
         """This envelope at the current schema version of its type (see upcasting.py).

@@ -39,8 +39,11 @@ def quote(value: str, limit: int = QUOTE_CHARS) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _surrogate(value: str) -> bool:
-    return any("\ud800" <= c <= "\udfff" for c in value)
+    return _SURROGATE.search(value) is not None
 
 
 def check_text(value: str, field: str, max_chars: int) -> str:
@@ -119,12 +122,21 @@ def visible(value: str) -> str:
                    if unicodedata.category(c) not in ("Cf", "Cc", "Zl", "Zp") and c not in _INVISIBLE_EXTRA).strip()
 
 
+def _shows_something(normal: str) -> bool:
+    """visible(value) != "" for the NFKC form `normal` of value, stopping at the first visible character."""
+    return any(not c.isspace() and c not in _INVISIBLE_EXTRA and unicodedata.category(c) not in ("Cf", "Cc", "Zl", "Zp")
+               for c in normal)
+
+
 def check_content(value: str, field: str, max_chars: int) -> str:
     """Text to remember or say: the text rule, not empty to the eye, and no word too long to index."""
     check_text(value, field, max_chars)
-    if not visible(value):
+    normal = unicodedata.normalize("NFKC", value)
+    if not _shows_something(normal):
         raise ValidationFailed("must not be empty (it has no visible characters)", field=field,
                                hint="send the text itself; zero-width spaces and BOMs do not count")
+    if len(normal.lower()) <= MAX_TERM_CHARS:  # no word of the text tokenize reads can be longer
+        return value
     longest = max(tokenize(value, cap=None), key=len, default="")
     if len(longest) > MAX_TERM_CHARS:
         raise ValidationFailed(f"has a word of {len(longest)} characters ({quote(longest, 16)}); words are "

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from libs.errors import IdempotencyKeyReused
 from services.memory_writer.domain import Layer, MemoryMerged, Source, WriteMemory, WriteStatus
-from services.memory_writer.domain.similarity import NEAR_THRESHOLD, content_digest, minhash, similarity
+from services.memory_writer.domain import similarity as similarity_module
+from services.memory_writer.domain.similarity import (
+    NEAR_THRESHOLD,
+    content_digest,
+    minhash,
+    minhash_many,
+    similarity,
+)
 from services.memory_writer.service_layer.handlers import write_memory
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -80,3 +87,13 @@ def test_normalised_equal_texts_share_their_digest_and_signature(text) -> None:
 
 def test_unrelated_texts_are_far_below_the_near_duplicate_threshold() -> None:
     assert similarity(minhash("用户住在杭州西湖区"), minhash("prefers aisle seats")) < NEAR_THRESHOLD / 2
+
+
+@given(st.lists(st.text(max_size=120), max_size=30), st.integers(min_value=1, max_value=400))
+def test_signatures_of_a_batch_equal_those_computed_one_by_one(texts, chunk) -> None:
+    original = similarity_module._CHUNK
+    similarity_module._CHUNK = chunk  # small chunks too: a batch split across several vectorised passes
+    try:
+        assert minhash_many(texts) == [minhash(t) for t in texts]
+    finally:
+        similarity_module._CHUNK = original

@@ -23,6 +23,7 @@ from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.batched import BatchBuffer
 from services.memory_writer.adapters.keys import KeyRing, keyed
+from services.memory_writer.adapters.event_json import written_payload
 from services.memory_writer.adapters.mapping import event_to_proto
 from services.memory_writer.adapters.rows import INSERT as _INSERT
 from services.memory_writer.adapters.rows import BY_IDEMPOTENCY_KEY, MERGED_KEY, by_idempotency_key, insert_args
@@ -296,23 +297,30 @@ class PostgresUnitOfWork:
         if isinstance(event, MemoryWritten) and event.record.sensitive_kind:  # announced sealed, never in clear
             event = MemoryWritten(replace(event.record, sealed=self._sealed.get(event.record.memory_id,
                                                                                  event.record.sealed)))
-        event_type, payload = event_to_proto(event)
-        tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
-        envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
+        js = written_payload(event.record) if isinstance(event, MemoryWritten) else None
+        if js is not None:  # the hot path: printed directly, as protobuf would
+            tenant_id = event.record.tenant_id
+            envelope = Envelope.wrap_json(json.dumps(js), event_type="memory.written", tenant_id=tenant_id,
+                                          causation=self.causation)
+        else:
+            event_type, payload = event_to_proto(event)
+            tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
+            envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
         conn = await self._as(tenant_id)
-        stored = await self._kept(envelope, event.record) if isinstance(event, MemoryWritten) else envelope
+        stored = await self._kept(envelope, event.record, js) if isinstance(event, MemoryWritten) else envelope
         if self._batch is not None:
             return await self._batch.record(conn, stream_id, expected_version, envelope, stored)
         version = await self.store.append(conn, stream_id, expected_version, [stored])
         await self.outbox.add(conn, envelope)
         return version
 
-    async def _kept(self, envelope: Envelope, record: MemoryRecord) -> Envelope:
+    async def _kept(self, envelope: Envelope, record: MemoryRecord, js: dict | None = None) -> Envelope:
         """The event store's copy of a memory.written: its content only sealed under the user's data key,
         so that once the user is forgotten (the key destroyed) the event log reveals nothing of it. The
         published copy (outbox, stream) keeps the content the read side indexes, for as long as the
         outbox keeps published rows (Forget removes the user's)."""
-        kept = json.loads(envelope.payload)  # proto3 JSON: edited as such (cheaper than printing it again)
+        # proto3 JSON: edited as such (cheaper than printing it again); `js`, when given, is the payload's object
+        kept = {**js, "memory": dict(js["memory"])} if js is not None else json.loads(envelope.payload)
         if not record.sensitive_kind:  # a sensitive record's plaintext is sealed already
             key = await self._user_key(record.tenant_id, record.user_id, create=True)
             kept["memory"]["sealedContent"] = base64.b64encode(seal(key, record.content.encode(), _aad(record))).decode()

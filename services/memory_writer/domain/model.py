@@ -165,11 +165,13 @@ def _enum(kind: type[IntEnum], value: int, field_name: str) -> IntEnum:
                                hint=f"set {field_name} to a known value") from None
 
 
+_FINGERPRINTED = tuple(f.name for f in dataclass_fields(WriteMemory) if f.name not in ("idempotency_key", "written_by"))
+
+
 def request_fingerprint(cmd: WriteMemory) -> str:
     """What makes two writes the same write: every field the caller chose, but the idempotency key."""
     # A shallow dict (asdict deep-copies): the same JSON, since tuples and dicts encode the same either way.
-    fields = {f.name: getattr(cmd, f.name) for f in dataclass_fields(cmd) if f.name not in ("idempotency_key",
-                                                                                          "written_by")}
+    fields = {name: getattr(cmd, name) for name in _FINGERPRINTED}
     if not fields["reason"]:
         del fields["reason"]  # fingerprints of writes made before `reason` existed stay the same
     fields["expires_at"] = cmd.expires_at.isoformat() if cmd.expires_at else None

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
+import operator
 import struct
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
 from services.memory_writer.domain.normalize import normalized
 
-__all__ = ["BANDS", "NEAR_THRESHOLD", "bands", "content_digest", "lsh_key", "lsh_keys", "minhash", "similarity"]
+__all__ = ["BANDS", "NEAR_THRESHOLD", "bands", "content_digest", "lsh_key", "lsh_keys", "minhash", "minhash_many", "similarity"]
 
 PERMUTATIONS = 64
 BANDS = 16
@@ -57,6 +60,40 @@ def minhash(content: str) -> list[int]:
     return hashed.min(axis=1).tolist()
 
 
+# Shingles hashed together in one vectorised pass (64 x this many uint64: 8 MiB), so a batch of short
+# memories costs a few numpy calls instead of a few per memory, and a long one stays bounded.
+_CHUNK = 16_384
+
+
+def minhash_many(contents: Sequence[str]) -> list[list[int]]:
+    """minhash of each content, equal to calling it one by one, computed over the batch at once."""
+    signatures: list[list[int]] = [[_MASK] * PERMUTATIONS for _ in contents]
+    pending: list[tuple[int, set[int]]] = []
+    size = 0
+
+    def run() -> None:
+        x = np.fromiter(itertools.chain.from_iterable(s for _, s in pending), dtype=np.uint64, count=size)
+        starts = np.cumsum([0] + [len(s) for _, s in pending[:-1]])
+        hashed = np.multiply.outer(_A, x)  # in place from here: the array is the batch's largest
+        hashed += _B[:, None]
+        hashed >>= np.uint64(32)
+        for (i, _), row in zip(pending, np.minimum.reduceat(hashed, starts, axis=1).T.tolist(), strict=True):
+            signatures[i] = row
+
+    for i, content in enumerate(contents):
+        shingles = _shingles(content)
+        if not shingles:
+            continue
+        if pending and size + len(shingles) > _CHUNK:
+            run()
+            pending, size = [], 0
+        pending.append((i, shingles))
+        size += len(shingles)
+    if pending:
+        run()
+    return signatures
+
+
 def bands(signature: list[int]) -> list[str]:
     """The LSH bucket of each band: two signatures sharing any bucket are candidates."""
     return list(_bands(tuple(signature)))
@@ -68,6 +105,7 @@ def _bands(signature: tuple[int, ...]) -> tuple[str, ...]:
                                            digest_size=8).hexdigest() for i in range(BANDS))
 
 
+@functools.lru_cache(maxsize=16_384)  # a batch looks its buckets up by key, then stores the same keys
 def lsh_key(user_id: str, layer: int, bucket: str) -> int:
     """A bucket of one user's layer as one signed 64-bit key (the store indexes these; the migration
     that introduced them computes the same in SQL)."""
@@ -85,4 +123,6 @@ def _lsh_keys(user_id: str, layer: int, signature: tuple[int, ...]) -> tuple[int
 
 def similarity(a: list[int], b: list[int]) -> float:
     """The estimated Jaccard similarity of the shingle sets behind two signatures."""
-    return sum(x == y for x, y in zip(a, b, strict=True)) / PERMUTATIONS
+    if len(a) != len(b):
+        raise ValueError(f"signatures of {len(a)} and {len(b)} values cannot be compared")
+    return sum(map(operator.eq, a, b)) / PERMUTATIONS

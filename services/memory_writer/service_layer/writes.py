@@ -11,7 +11,6 @@ failing write alone is undone and reported.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -43,6 +42,7 @@ from services.memory_writer.domain.similarity import (
     bands,
     content_digest,
     minhash,
+    minhash_many,
     similarity,
 )
 from services.memory_writer.service_layer.unit_of_work import Lookups, UnitOfWork
@@ -118,18 +118,40 @@ def _digest(record: MemoryRecord) -> str:
     return record.content_hmac or content_digest(record.content)
 
 
-@functools.lru_cache(maxsize=4096)  # a batch computes each signature twice: for its lookups, then to link
-def _signature(text: str) -> tuple[int, ...]:
-    return tuple(minhash(text))
+# A batch needs each signature twice (for its lookups, then to link): computed once, for the whole batch
+# in one vectorised pass (_sign_all), and kept here, at most _SIGNATURES_KEPT of them.
+_signatures: dict[str, tuple[int, ...]] = {}
+_SIGNATURES_KEPT = 4096
+
+
+def _signed_text(record: MemoryRecord) -> str:
+    return record.redacted if record.sensitive_kind else record.content
+
+
+def _keep_room(extra: int) -> None:
+    if len(_signatures) + extra > _SIGNATURES_KEPT:
+        _signatures.clear()
+
+
+def _sign_all(records: Sequence[MemoryRecord]) -> None:
+    texts = [t for t in dict.fromkeys(map(_signed_text, records)) if t not in _signatures]
+    _keep_room(len(texts))
+    _signatures.update(zip(texts, map(tuple, minhash_many(texts)), strict=True))
 
 
 def _signature_of(record: MemoryRecord) -> list[int]:
-    return list(_signature(record.redacted if record.sensitive_kind else record.content))
+    text = _signed_text(record)
+    signature = _signatures.get(text)
+    if signature is None:
+        _keep_room(1)
+        signature = _signatures[text] = tuple(minhash(text))
+    return list(signature)
 
 
 def _lookups(records: Sequence[MemoryRecord], now: datetime) -> Lookups:
     """What `_write_in` will look up for `records` (a superset: a quarantined write looks up less)."""
     lookups = Lookups(since=now - BURST_WINDOW)
+    _sign_all([r for r in records if not r.key])
     for r in records:
         lookups.users.add(r.user_id)
         if r.idempotency_key:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import random
-import signal
 import string
 import subprocess
 import sys
@@ -28,18 +27,8 @@ RECOVERY_SECONDS = 30  # from the kill until writes are acknowledged again
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory) -> Iterator[Mesh]:
-    mesh = Mesh(tmp_path_factory.mktemp("recovery"))
-    mesh.start()
-    try:
-        mesh.wait_healthy()
+    with Mesh.running(tmp_path_factory.mktemp("recovery"), stop_timeout=20) as mesh:
         yield mesh
-    finally:
-        mesh.process.send_signal(signal.SIGTERM)
-        try:
-            mesh.process.wait(20)
-        except subprocess.TimeoutExpired:
-            mesh.process.kill()
-            mesh.process.wait()
 
 
 class WriteLoad:

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -83,25 +84,37 @@ class Mesh:
         settings = load_settings(jwt_secret=self.env["MNEMESH_JWT_SECRET"])
         return issue_token(settings, subject="e2e", tenant_id="acme", scopes=["*"])
 
+    def stop(self, timeout: float) -> None:
+        """SIGTERM the supervisor; its whole process group is killed if it is not gone within `timeout`."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    @classmethod
+    @contextmanager
+    def running(cls, data_dir: Path, stop_timeout: float = 15) -> Iterator[Mesh]:
+        """A healthy mesh for the body, stopped after it whatever happens."""
+        mesh = cls(data_dir)
+        mesh.start()
+        try:
+            mesh.wait_healthy()
+            yield mesh
+        finally:
+            mesh.stop(stop_timeout)
+
     def channel(self, name: str) -> grpc.Channel:
         return grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}"))
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory) -> Iterator[Mesh]:
-    mesh = Mesh(tmp_path_factory.mktemp("mesh"))
-    mesh.start()
-    try:
-        mesh.wait_healthy()
+    with Mesh.running(tmp_path_factory.mktemp("mesh")) as mesh:
         yield mesh
-    finally:
-        if mesh.process.poll() is None:
-            mesh.process.send_signal(signal.SIGTERM)
-            try:
-                mesh.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(mesh.process.pid, signal.SIGKILL)
-                mesh.process.wait()
 
 
 def alive(pid: int) -> bool:
@@ -258,8 +271,7 @@ def test_a_second_run_reuses_the_data_folder(mesh: Mesh) -> None:
         assert [h.memory.content for h in hits] == ["The customer's favourite colour is teal"]
         assert "initialising the embedded PostgreSQL" not in mesh.log.read_text()
     finally:
-        mesh.process.send_signal(signal.SIGTERM)
-        mesh.process.wait(timeout=15)
+        mesh.stop(15)
 
 
 def test_a_killed_supervisor_takes_every_child_with_it(tmp_path: Path) -> None:

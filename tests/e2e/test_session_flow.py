@@ -9,8 +9,6 @@ so this is the test of its gRPC ports against the real retriever, memory-writer 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -82,18 +80,8 @@ def backend() -> Iterator[OrderBackend]:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory) -> Iterator[Mesh]:
-    mesh = Mesh(tmp_path_factory.mktemp("flow"))
-    mesh.start()
-    try:
-        mesh.wait_healthy()
+    with Mesh.running(tmp_path_factory.mktemp("flow"), stop_timeout=15) as mesh:
         yield mesh
-    finally:
-        mesh.process.send_signal(signal.SIGTERM)
-        try:
-            mesh.process.wait(15)
-        except subprocess.TimeoutExpired:
-            mesh.process.kill()
-            mesh.process.wait()
 
 
 def struct(values: dict) -> struct_pb2.Struct:

@@ -140,6 +140,10 @@ class Settings(BaseSettings):
     tool_audit_flush_ms: float = Field(50.0, gt=0, le=60_000, description="how long audit rows of calls gather "
                                        "before they are written in one batch")
     tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
+    tool_chain_ttl_seconds: float = Field(3600.0, gt=0, description="how long a tool chain's state lives after "
+                                                                    "its last step")
+    tool_task_ttl_seconds: float = Field(86_400.0, gt=0, description="how long a task's state and result stay "
+                                                                    "readable (GetTask, MCP tasks/get)")
     tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
     tool_upstream_commands: str = Field("", description="executables AddUpstream may start as stdio upstreams "
                                                         "(comma-separated, e.g. uvx,npx); empty: URLs only")

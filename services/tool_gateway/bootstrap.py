@@ -28,6 +28,7 @@ from services.tool_gateway.adapters.experience import PostgresExperienceReader, 
 from services.tool_gateway.adapters.federated import FederatedRegistry
 from services.tool_gateway.adapters.postgres import PostgresCallLog, PostgresRegistry, registry_channel
 from services.tool_gateway.adapters.registry_cache import CachedRegistry
+from services.tool_gateway.adapters.redis_chains import RedisChainStore, RedisTaskStore
 from services.tool_gateway.adapters.redis_state import (
     BreakerSettings,
     RedisBreakers,
@@ -41,6 +42,7 @@ from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstr
 from services.tool_gateway.entrypoints import grpc_api, mcp_server, mcp_stdio
 from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
+from services.tool_gateway.service_layer.tasks import TaskRunner
 from services.tool_gateway.service_layer.upstreams import reconcile
 
 log = get_logger(__name__)
@@ -120,14 +122,20 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
+        chains=RedisChainStore(ctx.bus.redis, namespace, settings.tool_chain_ttl_seconds),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )
+    # Calls run as tasks: their state shared in Redis; stopping cancels those still running (each audited
+    # "cancelled") before the audit log's last flush (closers run in reverse).
+    tasks = TaskRunner(ports, RedisTaskStore(ctx.bus.redis, namespace, settings.tool_task_ttl_seconds),
+                       ttl_seconds=settings.tool_task_ttl_seconds)
+    ctx.closers.append(tasks.close)
     for spec in MEMORY_TOOLS:  # memory.remember, .recall, .forget, .confirm (a version already there stays)
         await ports.registry.register(spec)
     experience = PostgresExperienceReader(ctx.db)
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
-    ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed)))
+    ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed, tasks)))
 
     async def follow_upstreams() -> None:
         """Upstreams added or removed through any replica reach this one within a poll."""

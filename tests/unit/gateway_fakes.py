@@ -9,11 +9,12 @@ from typing import Any
 from fakes import FakeRegistry
 
 from services.tool_gateway.domain import CallRecord, ToolSpec
+from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
 from services.tool_gateway.domain.rollout import ArmCounts
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 
-__all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeCanaries", "FakeLimiter", "FakeResults",
-           "fake_ports"]
+__all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeCanaries", "FakeChains", "FakeLimiter",
+           "FakeResults", "fake_ports"]
 
 
 @dataclass
@@ -143,8 +144,26 @@ class FakeResults:
         return self.stored.get((tenant_id, step_id))
 
 
+class FakeChains:
+    """The Redis chain store's rules: one step per (tool, arguments hash), a failure never replaces a success."""
+
+    def __init__(self) -> None:
+        self.chains: dict[tuple[str, str], dict[str, ChainStep]] = {}
+
+    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+        steps = self.chains.get((tenant_id, chain_id))
+        return Chain(chain_id, tuple(sorted(steps.values(), key=lambda s: s.at))) if steps else None
+
+    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
+        steps = self.chains.setdefault((tenant_id, chain_id), {})
+        key = step_key(step.tool, step.args_sha256)
+        if step.done or key not in steps or not steps[key].done:
+            steps[key] = step
+
+
 def fake_ports(**policy: Any) -> CallPorts:
     clock = Clock()
     return CallPorts(registry=FakeRegistry(), limiter=FakeLimiter(), breakers=FakeBreakers(clock),
                      backends=FakeBackends(), call_log=FakeCallLog(), results=FakeResults(),
-                     canaries=FakeCanaries(), policy=CallPolicy(**policy), clock=clock, sleep=clock.sleep)
+                     canaries=FakeCanaries(), policy=CallPolicy(**policy), clock=clock, sleep=clock.sleep,
+                     chains=FakeChains())

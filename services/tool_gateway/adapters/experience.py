@@ -70,6 +70,8 @@ def _observation(envelope: Envelope) -> tuple[str, str, Observation] | None:
     message = envelope.message()
     if not message.version:
         return None  # an unknown tool name: nothing to learn, and no row for whatever a caller typed
+    if message.outcome in ("replayed", "cancelled"):
+        return None  # a chain's kept result (no backend called), or a call its caller gave up: not the tool's doing
     error = json_format.MessageToDict(message.error, preserving_proto_field_name=True) \
         if message.HasField("error") else None
     if message.outcome == "fallback":  # the tool failed; a fallback answered in its place

@@ -27,6 +27,7 @@ def spec_from_proto(t: common_pb2.ToolSpec) -> ToolSpec:
         scopes=tuple(t.scopes), timeout_seconds=t.timeout_seconds or 10.0, retries=t.retries,
         fallback=tuple(t.fallback), requires=tuple(t.requires),
         examples=tuple(json_format.MessageToDict(e) for e in t.examples), backend=t.backend,
+        status_tool=t.status_tool,
     )
 
 
@@ -35,7 +36,7 @@ def spec_to_proto(s: ToolSpec) -> common_pb2.ToolSpec:
         name=s.name, description=s.description, input_schema=_struct(s.input_schema),
         output_schema=_struct(s.output_schema), version=s.version, scopes=list(s.scopes),
         timeout_seconds=s.timeout_seconds, retries=s.retries, fallback=list(s.fallback), requires=list(s.requires),
-        examples=[_struct(e) for e in s.examples], backend=s.backend,
+        examples=[_struct(e) for e in s.examples], backend=s.backend, status_tool=s.status_tool,
     )
 
 

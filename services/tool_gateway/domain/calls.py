@@ -92,12 +92,13 @@ class CallOutcome:
     version: str
     result: CleanResult | None = None
     error: DomainError | None = None
-    outcome: str = "ok"  # "ok", "error", "timeout", "fallback"
+    outcome: str = "ok"  # "ok", "error", "timeout", "fallback", "replayed", "cancelled"
     latency_ms: float = 0.0
     resource_uri: str = ""  # the full result, when truncated
     served_by: str = ""  # the tool that answered (a fallback's name when outcome == "fallback")
     attempts: int = 1
     has_output_schema: bool = False  # the called tool declares one (clients check results against it)
+    replay_of: str = ""  # "replayed": the call of the chain whose kept result this is
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,6 @@ class CallState:
 def call_state(record: CallRecord | None, running: bool, result_text: str | None) -> CallState:
     if record is None:
         return CallState("running" if running else "unknown")
-    if record.outcome in ("ok", "fallback"):
+    if record.outcome in ("ok", "fallback", "replayed"):
         return CallState("done", record, json.loads(result_text) if result_text else None)
     return CallState("failed", record)

@@ -30,6 +30,9 @@ class ToolSpec:
     requires: tuple[str, ...] = ()
     examples: tuple[dict, ...] = ()
     backend: str = ""
+    # The tool that tells this one's operation's real state, asked (same arguments) when a call times out,
+    # before any retry: a tool whose calls must not run twice names one.
+    status_tool: str = ""
 
 
 def _check_schema(schema: dict, field_name: str) -> None:
@@ -63,6 +66,9 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
         raise ValidationFailed("must be between 0 and 600 seconds", field="timeout_seconds")
     if not 0 <= spec.retries <= 5:
         raise ValidationFailed("must be between 0 and 5", field="retries")
+    if spec.status_tool and (spec.status_tool == spec.name or not _NAME.match(spec.status_tool)):
+        raise ValidationFailed("must name another registered tool, e.g. payments.get_transfer",
+                               field="status_tool", hint="the tool that answers whether the operation happened")
     _check_schema(spec.input_schema, "input_schema")
     if spec.output_schema:
         _check_schema(spec.output_schema, "output_schema")

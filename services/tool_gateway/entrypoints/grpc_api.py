@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format, struct_pb2
 
 from libs.auth import Principal, current_principal
-from libs.errors import DomainError
+from libs.errors import DomainError, Unimplemented
 from libs.protogen.mnemesh.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 from libs.rpc import Registration
 from services.tool_gateway.adapters.mapping import (
@@ -28,13 +28,14 @@ from services.tool_gateway.domain import ToolCall
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.service_layer import experience, handlers, pipeline, upstreams
+from services.tool_gateway.service_layer.tasks import TaskRunner
 from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 
 __all__ = ["Admin", "registration"]
 
 SCOPES = {"RegisterTool": "tools:admin", "ListTools": "tools:read", "CallTool": "tools:call",
-          "RemoveTool": "tools:admin", "GetCall": "tools:call", "ToolStats": "tools:read",
+          "RemoveTool": "tools:admin", "GetCall": "tools:call", "GetTask": "tools:call", "ToolStats": "tools:read",
           "SetCanary": "tools:admin", "Promote": "tools:admin", "Rollback": "tools:admin",
           "AddUpstream": "tools:admin", "RemoveUpstream": "tools:admin", "ListUpstreams": "tools:read"}
 
@@ -47,6 +48,7 @@ class Admin:
     upstream_store: upstreams.UpstreamStore
     upstreams: upstreams.UpstreamRuntime
     allowed_commands: frozenset[str] = frozenset()
+    tasks: TaskRunner | None = None  # calls run as tasks (CallTool as_task, GetTask)
 
 
 def _tenant(principal: Principal | None) -> str:
@@ -94,6 +96,20 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
             response.result.update(state.result)
         return response
 
+    async def GetTask(self, request, context):
+        state = await self._tasks().get(_tenant(current_principal.get()), request.task_id)
+        response = tools_pb2.GetTaskResponse(task_id=state["task_id"], state=state["state"], tool=state["tool"],
+                                             created_at=state["created_at"], updated_at=state["updated_at"],
+                                             status_message=state.get("status_message", ""))
+        if state.get("outcome"):
+            response.call.CopyFrom(_stored_response(state["outcome"]))
+        return response
+
+    def _tasks(self) -> TaskRunner:
+        if self.admin.tasks is None:
+            raise Unimplemented("this gateway runs no tasks", field="as_task", hint="call without as_task")
+        return self.admin.tasks
+
     async def ToolStats(self, request, context):
         stats = await experience.tool_stats(_tenant(current_principal.get()), self.admin.experience, request.name,
                                             request.context)
@@ -133,10 +149,14 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
                         principal=principal, version=request.version, chain_id=request.chain_id,
                         deadline_seconds=request.deadline_seconds, trace_id=current_trace_id(),
                         context=request.context)
+        if request.as_task:
+            state = await self._tasks().start(call)
+            return tools_pb2.CallToolResponse(task_id=state["task_id"], outcome="working")
         outcome = await pipeline.call_tool(call, self.ports)
         response = tools_pb2.CallToolResponse(call_id=outcome.call_id, latency_ms=outcome.latency_ms,
                                               outcome=outcome.outcome, served_by=outcome.served_by,
-                                              version=outcome.version, resource_uri=outcome.resource_uri)
+                                              version=outcome.version, resource_uri=outcome.resource_uri,
+                                              replay_of=outcome.replay_of)
         error: DomainError | None = outcome.error
         if error is not None:
             if error.error_type not in _IN_BAND:
@@ -152,6 +172,23 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
         response.result.CopyFrom(result)
         response.truncated = outcome.result.truncated
         return response
+
+
+def _stored_response(d: dict) -> tools_pb2.CallToolResponse:
+    """The CallTool answer of a call a task ran, from its stored outcome (tasks.outcome_to_dict)."""
+    response = tools_pb2.CallToolResponse(call_id=d["call_id"], latency_ms=d["latency_ms"], outcome=d["outcome"],
+                                          served_by=d["served_by"], version=d["version"],
+                                          resource_uri=d["resource_uri"], replay_of=d.get("replay_of", ""),
+                                          truncated=d["truncated"])
+    if d.get("error"):
+        error = dict(d["error"])
+        fault = error.pop("fault", None)
+        response.error.CopyFrom(common_pb2.ErrorDetail(**error))
+        if fault:
+            response.fault.update(fault)
+    elif d.get("result") is not None:
+        response.result.update(d["result"])
+    return response
 
 
 def registration(ports: CallPorts, admin: Admin) -> Registration:

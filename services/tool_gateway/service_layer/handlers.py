@@ -95,5 +95,5 @@ async def get_call(tenant_id: str, call_id: str, call_log: CallLog, results: Res
     record = await call_log.find(tenant_id, call_id)
     if record is None:
         return call_state(None, await results.running(tenant_id, call_id), None)
-    text = await results.get(tenant_id, record.call_id) if record.outcome in ("ok", "fallback") else None
+    text = await results.get(tenant_id, record.call_id) if record.outcome in ("ok", "fallback", "replayed") else None
     return call_state(record, False, text)

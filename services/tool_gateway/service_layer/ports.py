@@ -6,11 +6,12 @@ from typing import Any, Protocol
 
 from services.tool_gateway.domain import ToolSpec
 from services.tool_gateway.domain.calls import CallRecord
+from services.tool_gateway.domain.chains import Chain, ChainStep
 from services.tool_gateway.domain.experience import Experience
 from services.tool_gateway.domain.rollout import ArmCounts, Rollout
 
-__all__ = ["Backends", "Breakers", "CallLog", "CanaryCounters", "ExperienceStore", "Gate", "RateLimiter", "Registry",
-           "ResultStore"]
+__all__ = ["Backends", "Breakers", "CallLog", "CanaryCounters", "ChainStore", "ExperienceStore", "Gate", "RateLimiter",
+           "Registry", "ResultStore", "TaskStore"]
 
 
 class Registry(Protocol):
@@ -124,4 +125,26 @@ class ResultStore(Protocol):
         ...
 
     async def get(self, tenant_id: str, step_id: str) -> str | None:
+        ...
+
+
+class ChainStore(Protocol):
+    """Each chain's steps, shared by every replica, living a TTL after the chain's last step."""
+
+    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+        """The chain's steps; None when it has none (new, or expired)."""
+        ...
+
+    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
+        """Keep `step` (one per tool and arguments hash: a failure does not replace a success) and renew the TTL."""
+        ...
+
+
+class TaskStore(Protocol):
+    """The state of calls run as tasks, shared by every replica, for a TTL."""
+
+    async def save(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> None:
+        ...
+
+    async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         ...

@@ -139,7 +139,7 @@ class Memory(_message.Message):
     def __init__(self, memory_id: _Optional[str] = ..., tenant: _Optional[_Union[TenantContext, _Mapping]] = ..., layer: _Optional[_Union[MemoryLayer, str]] = ..., source: _Optional[_Union[SourceKind, str]] = ..., content: _Optional[str] = ..., key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., engagement: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., step_id: _Optional[str] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., status: _Optional[_Union[MemoryStatus, str]] = ..., must_confirm: _Optional[bool] = ..., sensitive_kind: _Optional[str] = ..., sealed_content: _Optional[bytes] = ..., sensitive_hashes: _Optional[_Iterable[str]] = ..., near_duplicate_of: _Optional[str] = ..., merged_count: _Optional[int] = ...) -> None: ...
 
 class ToolSpec(_message.Message):
-    __slots__ = ("name", "description", "input_schema", "output_schema", "version", "scopes", "timeout_seconds", "retries", "fallback", "requires", "examples", "backend")
+    __slots__ = ("name", "description", "input_schema", "output_schema", "version", "scopes", "timeout_seconds", "retries", "fallback", "requires", "examples", "backend", "status_tool")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class ToolSpec(_message.Message):
     REQUIRES_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    STATUS_TOOL_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     input_schema: _struct_pb2.Struct
@@ -164,4 +165,5 @@ class ToolSpec(_message.Message):
     requires: _containers.RepeatedScalarFieldContainer[str]
     examples: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     backend: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ..., retries: _Optional[int] = ..., fallback: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., examples: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
+    status_tool: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ..., retries: _Optional[int] = ..., fallback: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., examples: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., backend: _Optional[str] = ..., status_tool: _Optional[str] = ...) -> None: ...

@@ -38,7 +38,7 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("tenant", "name", "arguments", "version", "chain_id", "deadline_seconds", "context")
+    __slots__ = ("tenant", "name", "arguments", "version", "chain_id", "deadline_seconds", "context", "as_task")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class CallToolRequest(_message.Message):
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    AS_TASK_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     name: str
     arguments: _struct_pb2.Struct
@@ -53,10 +54,11 @@ class CallToolRequest(_message.Message):
     chain_id: str
     deadline_seconds: float
     context: str
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., chain_id: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., context: _Optional[str] = ...) -> None: ...
+    as_task: bool
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., version: _Optional[str] = ..., chain_id: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., context: _Optional[str] = ..., as_task: _Optional[bool] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms", "outcome", "served_by", "version", "fault")
+    __slots__ = ("call_id", "result", "error", "truncated", "resource_uri", "latency_ms", "outcome", "served_by", "version", "fault", "task_id", "replay_of")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +69,8 @@ class CallToolResponse(_message.Message):
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FAULT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_OF_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     result: _struct_pb2.Struct
     error: _common_pb2.ErrorDetail
@@ -77,7 +81,9 @@ class CallToolResponse(_message.Message):
     served_by: str
     version: str
     fault: _struct_pb2.Struct
-    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ..., fault: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    task_id: str
+    replay_of: str
+    def __init__(self, call_id: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., truncated: _Optional[bool] = ..., resource_uri: _Optional[str] = ..., latency_ms: _Optional[float] = ..., outcome: _Optional[str] = ..., served_by: _Optional[str] = ..., version: _Optional[str] = ..., fault: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., task_id: _Optional[str] = ..., replay_of: _Optional[str] = ...) -> None: ...
 
 class RemoveToolRequest(_message.Message):
     __slots__ = ("name", "version")
@@ -118,6 +124,32 @@ class GetCallResponse(_message.Message):
     result: _struct_pb2.Struct
     error: _common_pb2.ErrorDetail
     def __init__(self, state: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., outcome: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("tenant", "task_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task_id", "state", "tool", "created_at", "updated_at", "status_message", "call")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: str
+    tool: str
+    created_at: str
+    updated_at: str
+    status_message: str
+    call: CallToolResponse
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[str] = ..., tool: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., status_message: _Optional[str] = ..., call: _Optional[_Union[CallToolResponse, _Mapping]] = ...) -> None: ...
 
 class ToolStatsRequest(_message.Message):
     __slots__ = ("tenant", "name", "context")

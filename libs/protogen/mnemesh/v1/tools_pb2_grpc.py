@@ -61,6 +61,11 @@ class ToolGatewayStub:
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.FromString,
                 _registered_method=True)
+        self.GetTask = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/GetTask',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
+                _registered_method=True)
         self.ToolStats = channel.unary_unary(
                 '/mnemesh.v1.ToolGateway/ToolStats',
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.SerializeToString,
@@ -130,6 +135,13 @@ class ToolGatewayServicer:
     def GetCall(self, request, context):
         """How a call ended, by the gateway's call id or the caller's chain id (the newest call of it):
         a caller whose call timed out asks before retrying.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTask(self, request, context):
+        """A call started with `as_task`: its state, and how it ended (any replica answers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,6 +219,11 @@ def add_ToolGatewayServicer_to_server(servicer, server):
                     servicer.GetCall,
                     request_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.SerializeToString,
+            ),
+            'GetTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTask,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.SerializeToString,
             ),
             'ToolStats': grpc.unary_unary_rpc_method_handler(
                     servicer.ToolStats,
@@ -380,6 +397,33 @@ class ToolGateway:
             '/mnemesh.v1.ToolGateway/GetCall',
             mnemesh_dot_v1_dot_tools__pb2.GetCallRequest.SerializeToString,
             mnemesh_dot_v1_dot_tools__pb2.GetCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/GetTask',
+            mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,71 @@
+"""Tool chains and tasks in Redis, so every gateway replica sees the same chain and the same task.
+
+A chain is one hash per (tenant, chain id): a field per (tool, arguments hash) holding that step
+as JSON; the hash expires a TTL after its last step. A task is one JSON string per (tenant, task
+id) with its own TTL.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
+from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
+
+__all__ = ["RedisChainStore", "RedisTaskStore"]
+
+# KEYS[1]: the chain; ARGV: field, step JSON, whether it is done ('1'), TTL ms. A failed step does not
+# replace a successful one (a resumed chain keeps the result it can answer again).
+_RECORD_STEP = """
+if ARGV[3] ~= '1' then
+  local held = redis.call('HGET', KEYS[1], ARGV[1])
+  if held and string.find(held, '"done":true', 1, true) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+class RedisChainStore(_Keys):
+    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0) -> None:
+        super().__init__(redis, namespace, "chain")
+        self.ttl_ms = max(1, int(ttl_seconds * 1000))
+
+    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+        client = await self._redis()
+        fields = await client.hgetall(self.key(f"{tenant_id}.{chain_id}"))
+        if not fields:
+            return None
+        steps = sorted((ChainStep.from_json(_step_json(v)) for v in fields.values()), key=lambda s: s.at)
+        return Chain(chain_id, tuple(steps))
+
+    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
+        # The stored JSON carries `done` beside the step so the script can tell a success without parsing.
+        stored = json.dumps({"step": json.loads(step.to_json()), "done": step.done}, separators=(",", ":"))
+        await self.run_script(_RECORD_STEP, [self.key(f"{tenant_id}.{chain_id}")],
+                              [step_key(step.tool, step.args_sha256), stored, "1" if step.done else "0", self.ttl_ms])
+
+
+def _step_json(value: bytes | str) -> str:
+    return json.dumps(json.loads(value)["step"])
+
+
+class RedisTaskStore(_Keys):
+    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 86_400.0) -> None:
+        super().__init__(redis, namespace, "task")
+        self.ttl_ms = max(1, int(ttl_seconds * 1000))
+
+    async def save(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> None:
+        client = await self._redis()
+        await client.set(self.key(f"{tenant_id}.{task_id}"), json.dumps(state, separators=(",", ":")).encode(),
+                         px=self.ttl_ms)
+
+    async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
+        client = await self._redis()
+        value = await client.get(self.key(f"{tenant_id}.{task_id}"))
+        return None if value is None else json.loads(value)

@@ -1,0 +1,92 @@
+"""Tool chains: the steps a caller's chain id has done, and what they allow. No I/O here.
+
+A chain is the calls a caller makes under one chain id (gRPC `chain_id`, MCP `_meta`
+`mnemesh/chain_id`). Its state (kept in Redis per chain id, with a TTL, by any replica) is one step
+per (tool, arguments hash): the call id, how it ended, and where its result is kept. Two rules
+come from it:
+
+- `requires`: a tool runs only after each tool it requires has a successful step in the chain;
+- resume: a step the chain already did successfully with the same arguments answers its kept
+  result instead of calling the backend again, so a chain whose later step failed is resumed by
+  calling its steps again in order, and only the failed step runs anew.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from libs.errors import DomainError
+from services.tool_gateway.domain.registry import ToolSpec
+
+__all__ = ["DONE_OUTCOMES", "Chain", "ChainStep", "RequiresUnmet", "check_requires", "kept_step", "step_key"]
+
+DONE_OUTCOMES = frozenset({"ok", "fallback", "replayed"})  # a step that answered a result
+
+
+class RequiresUnmet(DomainError):
+    error_type = "requires_unmet"
+    retryable = False
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    tool: str
+    args_sha256: str
+    call_id: str
+    outcome: str  # as in the audit row: "ok", "fallback", "error", "timeout", "cancelled"
+    result_key: str = ""  # the call id whose whole result the result store keeps ("" when none)
+    at: float = 0.0  # seconds since the epoch
+
+    @property
+    def done(self) -> bool:
+        return self.outcome in DONE_OUTCOMES
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ChainStep:
+        return cls(**json.loads(text))
+
+
+def step_key(tool: str, args_sha256: str) -> str:
+    return f"{tool}\x1f{args_sha256}"
+
+
+@dataclass(frozen=True)
+class Chain:
+    chain_id: str
+    steps: tuple[ChainStep, ...] = ()
+
+    def done_tools(self) -> frozenset[str]:
+        return frozenset(s.tool for s in self.steps if s.done)
+
+
+def check_requires(spec: ToolSpec, chain_id: str, chain: Chain | None) -> None:
+    """Refuse a call of `spec` before every tool it requires has a successful step in the chain."""
+    if not spec.requires:
+        return
+    done = chain.done_tools() if chain is not None else frozenset()
+    missing = [name for name in spec.requires if name not in done]
+    if not missing:
+        return
+    first = missing[0]
+    if not chain_id:
+        raise RequiresUnmet(f"{spec.name} runs only within a chain, after {', '.join(spec.requires)}",
+                            field="chain_id",
+                            hint=f"call {first} first, passing a chain id (gRPC chain_id, MCP _meta "
+                                 f"mnemesh/chain_id), then {spec.name} with the same chain id")
+    raise RequiresUnmet(f"{spec.name} requires {', '.join(missing)} done successfully in chain {chain_id!r} first"
+                        + ("" if chain is not None else " (no step of this chain is known: new, or expired)"),
+                        field="chain_id", hint=f"call {first} first with this chain id")
+
+
+def kept_step(chain: Chain | None, tool: str, args_sha256: str) -> ChainStep | None:
+    """The chain's successful step of `tool` with these arguments whose result is kept, if any."""
+    if chain is None:
+        return None
+    for step in chain.steps:
+        if step.tool == tool and step.args_sha256 == args_sha256 and step.done and step.result_key:
+            return step
+    return None

@@ -1,0 +1,125 @@
+"""Long-running calls as tasks: answer a task id at once, run the call in the background, keep its state.
+
+A task's state lives in the shared task store (Redis), so any replica answers its status (gRPC
+`GetTask`, MCP `tasks/get` and `tasks/result` on the 2025-11-25 revision); the replica that started
+it runs the call through the same pipeline as any other call (audit row included). A task whose
+call is cancelled (the gateway stops, or the caller cancels it) ends "cancelled", audited so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from libs.errors import NotFound
+from libs.logs import get_logger
+from services.tool_gateway.domain import CallOutcome, ToolCall, error_detail
+from services.tool_gateway.service_layer.call_context import reporting_progress
+from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts, call_tool, drain_detached
+from services.tool_gateway.service_layer.ports import TaskStore
+
+__all__ = ["TERMINAL", "TaskRunner", "outcome_to_dict"]
+
+log = get_logger(__name__)
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def outcome_to_dict(outcome: CallOutcome) -> dict[str, Any]:
+    """A call's outcome as JSON, for the task store: what CallTool would have answered."""
+    result = outcome.result
+    return {"call_id": outcome.call_id, "tool": outcome.tool, "version": outcome.version, "outcome": outcome.outcome,
+            "served_by": outcome.served_by, "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
+            "resource_uri": outcome.resource_uri, "replay_of": outcome.replay_of,
+            "has_output_schema": outcome.has_output_schema,
+            "result": result.value if result is not None else None,
+            "truncated": bool(result and result.truncated),
+            "error": error_detail(outcome.error) if outcome.error is not None else None}
+
+
+class TaskRunner:
+    """The tasks this replica runs; their state in `store` for every replica."""
+
+    def __init__(self, ports: CallPorts, store: TaskStore, *, ttl_seconds: float = 86_400.0) -> None:
+        self.ports, self.store, self.ttl_seconds = ports, store, ttl_seconds
+        self._running: dict[str, asyncio.Task] = {}
+
+    async def start(self, call: ToolCall) -> dict[str, Any]:
+        """Save the task as working and start its call; the saved state (with `task_id`)."""
+        tenant = call.principal.tenant_id or SYSTEM_TENANT
+        task_id = uuid.uuid4().hex
+        now = _now()
+        state = {"task_id": task_id, "state": "working", "tool": call.name, "caller": call.principal.subject,
+                 "created_at": now, "updated_at": now, "status_message": f"{call.name} is running",
+                 "ttl_ms": int(self.ttl_seconds * 1000)}
+        await self.store.save(tenant, task_id, state)
+        with reporting_progress(None):  # the request that started it ends now: no progress goes to it
+            task = asyncio.get_running_loop().create_task(self._run(tenant, state, call), name=f"tool task {task_id}")
+        self._running[task_id] = task
+        task.add_done_callback(lambda _: self._running.pop(task_id, None))
+        return state
+
+    async def _run(self, tenant: str, state: dict[str, Any], call: ToolCall) -> None:
+        try:
+            outcome = await call_tool(call, self.ports)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.shield(self._end(tenant, state, "cancelled", "the call was cancelled before it ended"))
+            except Exception as exc:  # noqa: BLE001 - Redis gone at shutdown: the task stays "working" until its TTL
+                log.warning("cancelled task not saved", task_id=state["task_id"], error=repr(exc)[:200])
+            raise
+        except Exception as exc:  # noqa: BLE001 - the pipeline answers failures as outcomes; this is a bug or Redis
+            log.error("task failed outside the pipeline", task_id=state["task_id"], error=repr(exc)[:300])
+            await self._end(tenant, state, "failed", f"the gateway failed to run the call ({type(exc).__name__})")
+            return
+        if outcome.error is None:
+            await self._end(tenant, state, "completed", f"{call.name} answered ({outcome.outcome})", outcome)
+        else:
+            await self._end(tenant, state, "failed", f"{outcome.error.error_type}: {outcome.error.reason}"[:500],
+                            outcome)
+
+    async def _end(self, tenant: str, state: dict[str, Any], how: str, message: str,
+                   outcome: CallOutcome | None = None) -> None:
+        ended = {**state, "state": how, "updated_at": _now(), "status_message": message}
+        if outcome is not None:
+            ended["outcome"] = outcome_to_dict(outcome)
+        await self.store.save(tenant, state["task_id"], ended)
+
+    async def get(self, tenant_id: str, task_id: str) -> dict[str, Any]:
+        state = await self.store.load(tenant_id or SYSTEM_TENANT, task_id)
+        if state is None:
+            raise NotFound(f"no task {task_id!r} is known to this tenant (never started, or expired)",
+                           field="task_id", hint="use the task id the call answered; tasks are kept for a while only")
+        return state
+
+    async def wait(self, tenant_id: str, task_id: str, *, poll_seconds: float = 0.1,
+                   timeout_seconds: float = 300.0) -> dict[str, Any]:
+        """The task's state once it ended (polled from the store: any replica may be running it)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_seconds
+        while True:
+            state = await self.get(tenant_id, task_id)
+            if state["state"] in TERMINAL or loop.time() >= until:
+                return state
+            await asyncio.sleep(poll_seconds)
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a task running in this replica (False: not here)."""
+        task = self._running.get(task_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    async def close(self) -> None:
+        """Cancel the tasks still running (each ends "cancelled", audited) and wait for them."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await drain_detached()

@@ -1,0 +1,237 @@
+"""Tool chains (requires, resume), status tools on timeout, tasks and cancelled calls, through the pipeline's fakes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+from gateway_fakes import fake_ports
+
+from libs.auth import Principal
+from libs.errors import NotFound, Unavailable
+from services.tool_gateway.domain import ToolCall, ToolSpec
+from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
+from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
+from services.tool_gateway.service_layer.pipeline import CallPorts, call_tool
+from services.tool_gateway.service_layer.tasks import TaskRunner
+
+AGENT = Principal(subject="agent-1", tenant_id="acme", scopes=frozenset({"tools:call"}))
+ANY = {"type": "object"}
+
+
+def spec(name: str, **changes) -> ToolSpec:
+    return replace(ToolSpec(name=name, description=f"The {name} step of a booking.", input_schema=ANY,
+                            timeout_seconds=1.0), **changes)
+
+
+def call(name: str, arguments: dict | None = None, **kw) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments or {}, principal=AGENT, **kw)
+
+
+async def ports_with(*specs: ToolSpec) -> CallPorts:
+    ports = fake_ports()
+    for s in specs:
+        await ports.registry.register(s)
+
+        async def answer(arguments: dict, name: str = s.name) -> dict:
+            return {"tool": name, "n": sum(1 for c in ports.backends.calls if c[0] == name)}
+        ports.backends.behaviours[s.name] = answer
+    return ports
+
+
+def hanging():
+    never = asyncio.Event()
+
+    async def hangs(arguments: dict) -> dict:
+        await never.wait()
+        return {}
+    return hangs
+
+
+# Chains -----------------------------------------------------------------------------------------------
+
+
+async def test_a_tool_whose_requires_are_not_done_in_its_chain_is_refused_then_allowed_once_they_are() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.book", requires=("trip.quote",)))
+    refused = await call_tool(call("trip.book", chain_id="c-1"), ports)
+    assert refused.error.to_dict() == {
+        "error_type": "requires_unmet", "field": "chain_id", "retryable": False, "hint": "call trip.quote first with this chain id",
+        "reason": "trip.book requires trip.quote done successfully in chain 'c-1' first (no step of this chain is "
+                  "known: new, or expired)"}
+    assert ports.backends.calls == [] and ports.call_log.records[-1].outcome == "error"
+    assert (await call_tool(call("trip.quote", chain_id="c-1"), ports)).outcome == "ok"
+    booked = await call_tool(call("trip.book", chain_id="c-1"), ports)
+    assert booked.outcome == "ok" and booked.result.value == {"tool": "trip.book", "n": 1}
+    # another chain has done nothing
+    assert (await call_tool(call("trip.book", chain_id="c-2"), ports)).error.error_type == "requires_unmet"
+
+
+async def test_a_call_without_a_chain_id_of_a_tool_with_requires_is_refused_naming_the_chain_id() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.book", requires=("trip.quote",)))
+    refused = await call_tool(call("trip.book"), ports)
+    assert (refused.error.error_type, refused.error.field) == ("requires_unmet", "chain_id")
+    assert "call trip.quote first" in refused.error.hint
+
+
+async def test_a_failed_requirement_does_not_count_as_done() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.book", requires=("trip.quote",)))
+
+    async def down(arguments: dict) -> dict:
+        raise Unavailable("quotes are down")
+    ports.backends.behaviours["trip.quote"] = down
+    assert (await call_tool(call("trip.quote", chain_id="c-1"), ports)).outcome == "error"
+    assert (await call_tool(call("trip.book", chain_id="c-1"), ports)).error.error_type == "requires_unmet"
+
+
+async def test_a_chain_resumes_after_a_failed_step_without_calling_the_done_steps_again() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.hold", requires=("trip.quote",)),
+                             spec("trip.pay", requires=("trip.hold",)))
+    pay_failures = [Unavailable("payments down")]
+
+    async def pay(arguments: dict) -> dict:
+        if pay_failures:
+            raise pay_failures.pop()
+        return {"paid": arguments["amount"]}
+    ports.backends.behaviours["trip.pay"] = pay
+    steps = [("trip.quote", {"city": "Oslo"}), ("trip.hold", {"seat": "4A"}), ("trip.pay", {"amount": 90})]
+    first = [await call_tool(call(name, args, chain_id="c-9"), ports) for name, args in steps]
+    assert [o.outcome for o in first] == ["ok", "ok", "error"]
+    again = [await call_tool(call(name, args, chain_id="c-9"), ports) for name, args in steps]
+    assert [o.outcome for o in again] == ["replayed", "replayed", "ok"]
+    assert [o.replay_of for o in again[:2]] == [first[0].call_id, first[1].call_id]
+    assert again[0].result.value == first[0].result.value and again[2].result.value == {"paid": 90}
+    assert [name for name, _ in ports.backends.calls] == ["trip.quote", "trip.hold", "trip.pay", "trip.pay"]
+    assert [r.outcome for r in ports.call_log.records] == ["ok", "ok", "error", "replayed", "replayed", "ok"]
+
+
+async def test_the_same_tool_with_other_arguments_runs_again_in_the_chain() -> None:
+    ports = await ports_with(spec("trip.quote"))
+    await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="c-3"), ports)
+    other = await call_tool(call("trip.quote", {"city": "Rome"}, chain_id="c-3"), ports)
+    assert other.outcome == "ok" and len(ports.backends.calls) == 2
+
+
+async def test_a_step_whose_kept_result_expired_runs_again() -> None:
+    ports = await ports_with(spec("trip.quote"))
+    await call_tool(call("trip.quote", chain_id="c-4"), ports)
+    ports.results.stored.clear()
+    assert (await call_tool(call("trip.quote", chain_id="c-4"), ports)).outcome == "ok"
+    assert len(ports.backends.calls) == 2
+
+
+def test_check_requires_names_the_first_missing_tool_and_ignores_failed_steps() -> None:
+    chain = Chain("c", (ChainStep("a.one", "h", "1", "ok", "1"), ChainStep("a.two", "h", "2", "timeout")))
+    check_requires(spec("a.three", requires=("a.one",)), "c", chain)
+    with pytest.raises(Exception) as refused:
+        check_requires(spec("a.three", requires=("a.one", "a.two")), "c", chain)
+    assert refused.value.hint == "call a.two first with this chain id"
+
+
+# Status tools on timeout -----------------------------------------------------------------------------
+
+
+def test_status_verdicts() -> None:
+    assert [status_verdict(a) for a in ({"status": "completed"}, {"state": "in-progress"}, {"done": True},
+                                        {"status": "not_found"}, {})] == [DONE, RUNNING, DONE, NOT_DONE, NOT_DONE]
+
+
+async def status_ports(status: dict | Exception) -> CallPorts:
+    ports = await ports_with(spec("pay.send", timeout_seconds=0.05, retries=2, status_tool="pay.status",
+                                  fallback=("pay.other",)),
+                             spec("pay.status"), spec("pay.other"))
+    ports.backends.behaviours["pay.send"] = hanging()
+
+    async def answer(arguments: dict) -> dict:
+        if isinstance(status, Exception):
+            raise status
+        return status
+    ports.backends.behaviours["pay.status"] = answer
+    return ports
+
+
+async def test_a_timed_out_call_whose_status_says_done_answers_its_result_without_a_retry() -> None:
+    ports = await status_ports({"status": "completed", "result": {"transfer": "t-1"}})
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert (outcome.outcome, outcome.served_by, outcome.result.value) == ("ok", "pay.status", {"transfer": "t-1"})
+    assert ports.backends.calls == [("pay.send", {"amount": 5}), ("pay.status", {"amount": 5})]
+
+
+async def test_a_timed_out_call_whose_status_says_running_is_not_retried_nor_falls_back() -> None:
+    ports = await status_ports({"status": "pending"})
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert (outcome.outcome, outcome.error.error_type, outcome.error.retryable) == ("timeout", "deadline_exceeded", False)
+    assert "still running" in outcome.error.reason and "ask pay.status" in outcome.error.hint
+    assert [n for n, _ in ports.backends.calls] == ["pay.send", "pay.status"]
+
+
+async def test_a_timed_out_call_whose_status_cannot_answer_is_not_retried() -> None:
+    ports = await status_ports(Unavailable("status down"))
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert outcome.error.retryable is False and "unknown" in outcome.error.reason
+    assert [n for n, _ in ports.backends.calls] == ["pay.send", "pay.status"]
+
+
+async def test_a_timed_out_call_whose_status_says_not_done_is_retried_after_each_check() -> None:
+    ports = await status_ports({"status": "not_found"})
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert [n for n, _ in ports.backends.calls] == ["pay.send", "pay.status"] * 3 + ["pay.other"]
+    assert (outcome.outcome, outcome.served_by) == ("fallback", "pay.other")
+
+
+# Cancellation and tasks -------------------------------------------------------------------------------
+
+
+async def test_a_cancelled_call_is_audited_as_cancelled() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    running = asyncio.create_task(call_tool(call("slow.job", chain_id="c-5"), ports))
+    await asyncio.sleep(0.05)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await asyncio.sleep(0)
+    [record] = ports.call_log.records
+    assert (record.tool, record.outcome, record.error["error_type"], record.chain_id) == \
+        ("slow.job", "cancelled", "cancelled", "c-5")
+
+
+class MemoryTasks:
+    def __init__(self) -> None:
+        self.saved: dict[tuple[str, str], dict] = {}
+
+    async def save(self, tenant_id: str, task_id: str, state: dict) -> None:
+        self.saved[tenant_id, task_id] = state
+
+    async def load(self, tenant_id: str, task_id: str) -> dict | None:
+        return self.saved.get((tenant_id, task_id))
+
+
+async def test_a_task_answers_working_then_completed_with_the_calls_outcome() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    release = asyncio.Event()
+
+    async def slow(arguments: dict) -> dict:
+        await release.wait()
+        return {"report": "ready"}
+    ports.backends.behaviours["slow.job"] = slow
+    runner = TaskRunner(ports, MemoryTasks())
+    started = await runner.start(call("slow.job"))
+    assert (await runner.get("acme", started["task_id"]))["state"] == "working"
+    release.set()
+    ended = await runner.wait("acme", started["task_id"], poll_seconds=0.01)
+    assert ended["state"] == "completed" and ended["outcome"]["result"] == {"report": "ready"}
+    assert ports.call_log.records[0].call_id == ended["outcome"]["call_id"]
+    with pytest.raises(NotFound):
+        await runner.get("other-tenant", started["task_id"])
+
+
+async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_its_call_is_audited() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    runner = TaskRunner(ports, MemoryTasks())
+    started = await runner.start(call("slow.job"))
+    await asyncio.sleep(0.05)
+    await runner.close()
+    assert (await runner.get("acme", started["task_id"]))["state"] == "cancelled"
+    assert [r.outcome for r in ports.call_log.records] == ["cancelled"]

@@ -1,4 +1,5 @@
-"""`mnemesh tools stats|canary|promote|rollback|remove|upstream ...`: the tool-gateway's administration.
+"""`mnemesh tools call|task|stats|canary|promote|rollback|remove|upstream ...`: calls and the tool-gateway's
+administration.
 
 Every command prints a line per item, or with --json the reply as one JSON line.
 """
@@ -30,6 +31,32 @@ def _rollout(r: tools_pb2.Rollout) -> list[str]:
     return [f"{r.name}: {r.state}, stable {r.stable or '(highest)'}{canary}" + (f" — {r.reason}" if r.reason else "")]
 
 
+def _call(r: tools_pb2.CallToolResponse) -> list[str]:
+    if r.task_id:
+        return [f"task {r.task_id} started (mnemesh tools task {r.task_id})"]
+    head = f"{r.outcome} {r.call_id}" + (f" (replay of {r.replay_of})" if r.replay_of else "") + \
+        (f", served by {r.served_by} {r.version}" if r.served_by else "")
+    if r.HasField("error"):
+        return [head, f"{r.error.error_type} {r.error.field}: {r.error.reason}" + (f" ({r.error.hint})" if r.error.hint
+                                                                                   else "")]
+    return [head, json.dumps(json_format.MessageToDict(r.result), ensure_ascii=False)]
+
+
+def _task(r: tools_pb2.GetTaskResponse) -> list[str]:
+    lines = [f"task {r.task_id} ({r.tool}): {r.state} — {r.status_message} (updated {r.updated_at})"]
+    return lines + (_call(r.call) if r.HasField("call") else [])
+
+
+def _arguments(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"--args: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise SystemExit("--args: must be a JSON object")
+    return value
+
+
 def add_tools_commands(tools, settings_of, run, identity) -> None:
     """Add the administration verbs to the `tools` sub-parsers (`run` and `identity` from client_cli)."""
 
@@ -48,6 +75,23 @@ def add_tools_commands(tools, settings_of, run, identity) -> None:
         p.set_defaults(func=func)
         return p
 
+    def call_request(ns: argparse.Namespace) -> tools_pb2.CallToolRequest:
+        request = tools_pb2.CallToolRequest(name=ns.name, version=ns.version, chain_id=ns.chain_id, as_task=ns.task,
+                                            deadline_seconds=ns.deadline, context=ns.context)
+        request.arguments.update(_arguments(ns.args))
+        return request
+
+    p = parser(tools, "call", "call a tool through the gateway's pipeline", rpc("CallTool", call_request, _call))
+    p.add_argument("name")
+    p.add_argument("--args", default="{}", help="the arguments, a JSON object")
+    p.add_argument("--version", default="")
+    p.add_argument("--chain-id", default="", help="a step of this chain (requires, resume)")
+    p.add_argument("--task", action="store_true", help="answer a task id at once (poll: mnemesh tools task ID)")
+    p.add_argument("--deadline", type=float, default=0.0, help="seconds (default: the tool's timeout)")
+    p.add_argument("--context", default="", help="the task kind, for experience")
+    p = parser(tools, "task", "the state of a call run as a task", rpc(
+        "GetTask", lambda ns: tools_pb2.GetTaskRequest(task_id=ns.task_id), _task))
+    p.add_argument("task_id")
     p = parser(tools, "stats", "how tools have fared (procedural memory)", rpc(
         "ToolStats", lambda ns: tools_pb2.ToolStatsRequest(name=ns.name, context=ns.context),
         lambda r: [f"{s.name}: {s.note or 'no calls yet'}" for s in r.stats] or ["no experience yet"]))

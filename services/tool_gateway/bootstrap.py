@@ -151,7 +151,7 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         ctx.tasks.append(functools.partial(
             mcp_stdio.serve, mcp_server.build_server(
                 ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
-                upstreams=upstreams), changes))
+                upstreams=upstreams, tasks=tasks), changes))
         return  # the HTTP replicas project the tool events
     # The experience projection reads tool events in batches: one transaction per batch and tenant, each
     # stats row read and written once per batch, instead of a transaction per call.
@@ -161,6 +161,7 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
                                   allowed_origins=settings.mcp_allowed_origins,
                                   experience=experience if settings.tool_list_experience else None,
                                   changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
+                                  tasks=tasks,
                                   resource_url=settings.mcp_resource_url,
                                   authorization_servers=tuple(a.strip() for a in
                                                               settings.mcp_authorization_servers.split(",")

@@ -35,7 +35,7 @@ from pydantic import TypeAdapter
 from starlette.types import ASGIApp
 
 from libs.auth import Principal, TokenVerifier
-from libs.errors import DomainError, PermissionDenied, Unavailable
+from libs.errors import DomainError, PermissionDenied, Unavailable, ValidationFailed
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec, error_detail
 from services.tool_gateway.domain.content import media_blocks
@@ -45,6 +45,8 @@ from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
+from services.tool_gateway.entrypoints.mcp_tasks import TaskMiddleware, task_handlers
+from services.tool_gateway.entrypoints.mcp_tasks import capabilities as task_capabilities
 from services.tool_gateway.entrypoints.mcp_sessions import (
     SESSION_HEADER,
     CancelPublisher,
@@ -56,13 +58,16 @@ from services.tool_gateway.service_layer import experience, handlers, pipeline
 from services.tool_gateway.service_layer.call_context import reporting_progress
 from services.tool_gateway.service_layer.pipeline import CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
+from services.tool_gateway.service_layer.tasks import TaskRunner
 
-__all__ = ["CALL_SCOPE", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app", "outcome_result",
-           "tool_to_mcp"]
+__all__ = ["CALL_SCOPE", "CHAIN_ID_META", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app",
+           "outcome_result", "tool_to_mcp"]
 
 PATH = "/mcp"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
+CHAIN_ID_META = "mnemesh/chain_id"  # a tools/call's chain id, in its params' _meta
+REPLAY_OF_META = "mnemesh/replay_of"  # in a result's _meta: the chain's call whose kept result this is
 
 _CONTENT = TypeAdapter(list[types.ContentBlock])
 INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed call answers isError with a "
@@ -70,9 +75,22 @@ INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed ca
                 "true, fix the named field otherwise, and never invent a result.")
 
 
-def tool_to_mcp(spec: ToolSpec) -> types.Tool:
+def tool_to_mcp(spec: ToolSpec, tasks: bool = False) -> types.Tool:
+    """`tasks`: the gateway runs calls as tasks (2025-11-25), so every tool may be called as one."""
     return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema,
-                      output_schema=spec.output_schema or None)
+                      output_schema=spec.output_schema or None,
+                      execution=types.ToolExecution(task_support="optional") if tasks else None)
+
+
+def chain_id_of(params: types.CallToolRequestParams) -> str:
+    """The chain id a tools/call carries in `_meta` (`mnemesh/chain_id`); "" when none."""
+    value = (params.meta or {}).get(CHAIN_ID_META)
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or len(value) > 128 or not value.isprintable():
+        raise ValidationFailed("must be a string of at most 128 printable characters",
+                               field=f"_meta/{CHAIN_ID_META}", hint="pass the same chain id with every step")
+    return value
 
 
 def error_result(error: DomainError) -> types.CallToolResult:
@@ -102,7 +120,10 @@ def outcome_result(outcome: CallOutcome, spec_has_output_schema: bool) -> types.
     blocks = media_blocks(result.value) if not outcome.resource_uri else None
     if blocks is not None:  # an upstream's images, audio or embedded resources: answered as themselves
         return types.CallToolResult(content=_CONTENT.validate_python(blocks), is_error=False)
-    return types.CallToolResult(content=content, structured_content=result.value, is_error=False)
+    answer = types.CallToolResult(content=content, structured_content=result.value, is_error=False)
+    if outcome.replay_of:
+        answer.meta = {REPLAY_OF_META: outcome.replay_of}
+    return answer
 
 
 class Cancelled(DomainError):
@@ -137,13 +158,17 @@ class _GatewayServer(Server):
     gateway has a change feed (the 2026-07-28 capabilities follow from serving subscriptions/listen)."""
 
     list_changed = False
+    tasks = False  # announces tasks (tools/call), 2025-11-25
 
     def create_initialization_options(self, notification_options=None, experimental_capabilities=None,
                                       extensions=None):
         if notification_options is None and self.list_changed:
             notification_options = NotificationOptions(prompts_changed=True, resources_changed=True,
                                                        tools_changed=True)
-        return super().create_initialization_options(notification_options, experimental_capabilities, extensions)
+        options = super().create_initialization_options(notification_options, experimental_capabilities, extensions)
+        if self.tasks:
+            options.capabilities.tasks = task_capabilities()
+        return options
 
 
 def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str | None:
@@ -156,16 +181,17 @@ def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str |
 
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
                  experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
-                 changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None) -> Server:
+                 changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None,
+                 tasks: TaskRunner | None = None) -> Server:
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
     `experience_store`: when given, tools/list appends each tool's experience note to its description;
     `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
-    to `subscriptions/listen` streams."""
+    to `subscriptions/listen` streams; `tasks`: where task-augmented calls run (2025-11-25 MCP tasks)."""
     registry = ports.registry
     in_flight = in_flight or InFlightCalls()
 
     async def with_notes(specs: list[ToolSpec], caller: Principal | None) -> list[types.Tool]:
-        tools = [tool_to_mcp(spec) for spec in specs]
+        tools = [tool_to_mcp(spec, tasks is not None) for spec in specs]
         if experience_store is None or caller is None or not specs:
             return tools
         notes = await experience.experience_notes(caller.tenant_id or pipeline.SYSTEM_TENANT, [], experience_store)
@@ -191,8 +217,12 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         if caller is None:
             return error_result(PermissionDenied("the request carries no authenticated caller",
                                                  field="authorization", hint="send a bearer token"))
+        try:
+            chain_id = chain_id_of(params)
+        except DomainError as exc:
+            return error_result(exc)
         call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
-                        trace_id=current_trace_id())
+                        chain_id=chain_id, trace_id=current_trace_id())
         # Progress is relayed only when the caller asked for it (a progress token): otherwise the upstream
         # is not asked for any either.
         report = ctx.session.report_progress if progress_token_from_params(ctx.params) is not None else None
@@ -213,6 +243,22 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
+    if tasks is not None:
+        def caller_of(ctx: ServerRequestContext) -> Principal | None:
+            return _caller(ctx, local_principal)
+
+        def chain_id_or_refuse(params: types.CallToolRequestParams) -> str:
+            try:
+                return chain_id_of(params)
+            except DomainError as exc:
+                raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
+
+        server.tasks = True
+        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse))
+        for method, (params_type, handler) in task_handlers(
+                tasks, caller_of, lambda outcome: outcome_result(outcome, outcome.has_output_schema),
+                error_result).items():
+            server.add_request_handler(method, params_type, handler)
     return server
 
 
@@ -228,7 +274,8 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
              allowed_origins: str = "", experience: ExperienceStore | None = None,
              changes: SubscriptionBus | None = None, cancels: CancelPublisher | None = None,
              in_flight: InFlightCalls | None = None, resource_url: str = "",
-             authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None) -> ASGIApp:
+             authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None,
+             tasks: TaskRunner | None = None) -> ASGIApp:
     """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks,
     stateless sessions (cancellation, the GET stream), then the SDK.
 
@@ -239,7 +286,7 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     """
     in_flight = in_flight or InFlightCalls()
     server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes,
-                          upstreams=upstreams)
+                          upstreams=upstreams, tasks=tasks)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])

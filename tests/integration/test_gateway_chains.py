@@ -240,6 +240,9 @@ async def test_two_gateway_processes_share_a_chain_and_a_task(redis_url: str, da
             shown = subprocess.run([sys.executable, "-m", "mnemesh", "tools", "task", started.task_id, "--json",
                                     "--tenant", "acme"], env=settings_env(second), capture_output=True, text=True,
                                    timeout=60)
+            again = subprocess.run([sys.executable, "-m", "mnemesh", "tools", "call", "trip.hold", "--chain-id",
+                                    "trip-4", "--json", "--tenant", "acme"], env=settings_env(first),
+                                   capture_output=True, text=True, timeout=60)
     finally:
         await test_mcp.drop_namespace(first)
     assert held.outcome == "ok" and (replayed.outcome, replayed.result["city"]) == ("replayed", "Rome")
@@ -250,6 +253,11 @@ async def test_two_gateway_processes_share_a_chain_and_a_task(redis_url: str, da
     assert shown.returncode == 0, shown.stderr
     printed = json.loads(shown.stdout)
     assert (printed["state"], printed["call"]["result"]["report"]) == ("completed", "ready")
+    assert again.returncode == 0, again.stderr
+    replayed_hold = json.loads(again.stdout)
+    assert (replayed_hold["outcome"], replayed_hold["replay_of"], replayed_hold["result"]) == \
+        ("replayed", held.call_id, {"hold": "h-1"})
+    assert booking.calls["hold"] == 1
 
 
 # Status tools -------------------------------------------------------------------------------------------

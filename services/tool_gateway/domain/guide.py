@@ -34,7 +34,11 @@ def guide(spec: ToolSpec, exp: Experience | None) -> str:
     if spec.examples:
         parts += ["", "## Examples", *(f"- `{json.dumps(e, ensure_ascii=False)[:300]}`" for e in spec.examples[:5])]
     if spec.requires:
-        parts += ["", f"Call first, successfully: {', '.join(spec.requires)}."]
+        parts += ["", f"Call first, successfully, in the same chain (MCP `_meta` `mnemesh/chain_id`): "
+                      f"{', '.join(spec.requires)}."]
+    if spec.status_tool:
+        parts += ["", f"Must not run twice: a call that timed out is checked with {spec.status_tool} before any "
+                      "retry; do not call again after a timeout, ask it."]
     if spec.fallback:
         parts += ["", f"When it fails, the gateway tries: {', '.join(spec.fallback)}."]
     if exp is not None and exp.calls:

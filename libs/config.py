@@ -144,6 +144,8 @@ class Settings(BaseSettings):
                                                                     "its last step")
     tool_task_ttl_seconds: float = Field(86_400.0, gt=0, description="how long a task's state and result stay "
                                                                     "readable (GetTask, MCP tasks/get)")
+    tool_task_lease_seconds: float = Field(15.0, gt=0, description="a working task whose replica has not renewed "
+                                                                   "its lease for this long answers failed (lost)")
     tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")
     tool_upstream_commands: str = Field("", description="executables AddUpstream may start as stdio upstreams "
                                                         "(comma-separated, e.g. uvx,npx); empty: URLs only")

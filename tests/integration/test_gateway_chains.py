@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from mnemesh.supervisor import check_health
 from test_gateway_replicas import gateway_process
 from test_gateway_stdio import settings_env
 from test_mcp import Gateway, gateway_settings, mcp_client, register
@@ -330,3 +331,48 @@ async def test_a_call_its_grpc_caller_cancels_is_audited_as_cancelled(gateway: G
     assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert (found.tool, found.outcome, found.error.error_type) == ("trip.report", "cancelled", "cancelled")
     assert booking.calls["report"] == 1
+
+
+@contextlib.asynccontextmanager
+async def doomed_process(settings, log_dir: Path) -> AsyncIterator[subprocess.Popen]:
+    """A gateway process with a short task lease (a setting the shared helper does not pass on), killed by the test."""
+    log = (log_dir / "doomed.log").open("w")
+    process = subprocess.Popen([sys.executable, "-m", "mnemesh", "serve", "tool-gateway"],
+                               env=settings_env(settings, MNEMESH_TOOL_TASK_LEASE_SECONDS="1.5"), stdout=log,
+                               stderr=subprocess.STDOUT)
+    try:
+        with anyio.fail_after(60):
+            while not await check_health(f"127.0.0.1:{settings.tool_gateway_grpc_port}"):
+                assert process.poll() is None, (log_dir / "doomed.log").read_text()[-2000:]
+                await anyio.sleep(0.2)
+        yield process
+    finally:
+        process.kill()
+        process.wait(20)
+        log.close()
+
+
+async def test_a_task_whose_gateway_process_is_killed_answers_failed_as_lost_on_another(
+    redis_url: str, database_url: str, tmp_path: Path, booking: Booking
+) -> None:
+    first = gateway_settings(redis_url, database_url, tmp_path, tool_task_lease_seconds=1.5)
+    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
+    try:
+        async with doomed_process(first, tmp_path) as doomed, test_mcp.running(second) as other:
+            await register_booking(other, booking)
+            async with stub_of(other, first.tool_gateway_grpc_port) as a, stub_of(other) as b:
+                started = await a.CallTool(call("trip.report", {"month": "2026-08"}, as_task=True), timeout=10)
+                with anyio.fail_after(10):
+                    while booking.calls["report"] == 0:
+                        await anyio.sleep(0.05)
+                working = await b.GetTask(tools_pb2.GetTaskRequest(task_id=started.task_id), timeout=10)
+                doomed.kill()
+                doomed.wait(10)
+                with anyio.fail_after(15):
+                    while (lost := await b.GetTask(tools_pb2.GetTaskRequest(task_id=started.task_id),
+                                                   timeout=10)).state == "working":
+                        await anyio.sleep(0.2)
+    finally:
+        await test_mcp.drop_namespace(first)
+    assert working.state == "working"
+    assert lost.state == "failed" and "stopped before it ended" in lost.status_message

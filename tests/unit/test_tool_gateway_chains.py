@@ -199,12 +199,19 @@ async def test_a_cancelled_call_is_audited_as_cancelled() -> None:
 class MemoryTasks:
     def __init__(self) -> None:
         self.saved: dict[tuple[str, str], dict] = {}
+        self.leases: set[tuple[str, str]] = set()
 
     async def save(self, tenant_id: str, task_id: str, state: dict) -> None:
         self.saved[tenant_id, task_id] = state
 
     async def load(self, tenant_id: str, task_id: str) -> dict | None:
         return self.saved.get((tenant_id, task_id))
+
+    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
+        self.leases.add((tenant_id, task_id))
+
+    async def held(self, tenant_id: str, task_id: str) -> bool:
+        return (tenant_id, task_id) in self.leases
 
 
 async def test_a_task_answers_working_then_completed_with_the_calls_outcome() -> None:
@@ -235,3 +242,16 @@ async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_it
     await runner.close()
     assert (await runner.get("acme", started["task_id"]))["state"] == "cancelled"
     assert [r.outcome for r in ports.call_log.records] == ["cancelled"]
+
+
+async def test_a_working_task_whose_lease_lapsed_answers_failed_as_lost() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    store = MemoryTasks()
+    runner = TaskRunner(ports, store)
+    started = await runner.start(call("slow.job"))
+    assert (await runner.get("acme", started["task_id"]))["state"] == "working"
+    store.leases.clear()  # as when the replica running it died: nobody renews it
+    lost = await runner.get("acme", started["task_id"])
+    assert lost["state"] == "failed" and lost["lost"] and "stopped before it ended" in lost["status_message"]
+    await runner.close()

@@ -69,3 +69,11 @@ class RedisTaskStore(_Keys):
         client = await self._redis()
         value = await client.get(self.key(f"{tenant_id}.{task_id}"))
         return None if value is None else json.loads(value)
+
+    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
+        client = await self._redis()
+        await client.set(self.key(f"{tenant_id}.{task_id}.lease"), b"1", px=max(1, int(seconds * 1000)))
+
+    async def held(self, tenant_id: str, task_id: str) -> bool:
+        client = await self._redis()
+        return bool(await client.exists(self.key(f"{tenant_id}.{task_id}.lease")))

@@ -148,3 +148,10 @@ class TaskStore(Protocol):
 
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         ...
+
+    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
+        """The replica running the task is alive for `seconds` more (renewed while it runs)."""
+        ...
+
+    async def held(self, tenant_id: str, task_id: str) -> bool:
+        ...

@@ -4,6 +4,11 @@ A task's state lives in the shared task store (Redis), so any replica answers it
 `GetTask`, MCP `tasks/get` and `tasks/result` on the 2025-11-25 revision); the replica that started
 it runs the call through the same pipeline as any other call (audit row included). A task whose
 call is cancelled (the gateway stops, or the caller cancels it) ends "cancelled", audited so.
+
+While the call runs, its replica renews a lease on the task every `lease_seconds / 3`; a working task
+whose lease lapsed lost its replica (killed, or cut off from Redis) and answers "failed", saying so:
+its call may or may not have reached the backend, which is for the caller to check (GetCall, or the
+tool's status tool) before calling again.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ def outcome_to_dict(outcome: CallOutcome) -> dict[str, Any]:
 class TaskRunner:
     """The tasks this replica runs; their state in `store` for every replica."""
 
-    def __init__(self, ports: CallPorts, store: TaskStore, *, ttl_seconds: float = 86_400.0) -> None:
-        self.ports, self.store, self.ttl_seconds = ports, store, ttl_seconds
+    def __init__(self, ports: CallPorts, store: TaskStore, *, ttl_seconds: float = 86_400.0,
+                 lease_seconds: float = 15.0) -> None:
+        self.ports, self.store, self.ttl_seconds, self.lease_seconds = ports, store, ttl_seconds, lease_seconds
         self._running: dict[str, asyncio.Task] = {}
 
     async def start(self, call: ToolCall) -> dict[str, Any]:
@@ -58,13 +64,29 @@ class TaskRunner:
                  "created_at": now, "updated_at": now, "status_message": f"{call.name} is running",
                  "ttl_ms": int(self.ttl_seconds * 1000)}
         await self.store.save(tenant, task_id, state)
+        await self.store.hold(tenant, task_id, self.lease_seconds)
         with reporting_progress(None):  # the request that started it ends now: no progress goes to it
             task = asyncio.get_running_loop().create_task(self._run(tenant, state, call), name=f"tool task {task_id}")
         self._running[task_id] = task
         task.add_done_callback(lambda _: self._running.pop(task_id, None))
         return state
 
+    async def _renew(self, tenant: str, task_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.store.hold(tenant, task_id, self.lease_seconds)
+            except Exception as exc:  # noqa: BLE001 - Redis away for a moment: the next renewal may make it
+                log.warning("task lease not renewed", task_id=task_id, error=repr(exc)[:200])
+
     async def _run(self, tenant: str, state: dict[str, Any], call: ToolCall) -> None:
+        renewing = asyncio.get_running_loop().create_task(self._renew(tenant, state["task_id"]))
+        try:
+            await self._call(tenant, state, call)
+        finally:
+            renewing.cancel()
+
+    async def _call(self, tenant: str, state: dict[str, Any], call: ToolCall) -> None:
         try:
             outcome = await call_tool(call, self.ports)
         except asyncio.CancelledError:
@@ -91,10 +113,19 @@ class TaskRunner:
         await self.store.save(tenant, state["task_id"], ended)
 
     async def get(self, tenant_id: str, task_id: str) -> dict[str, Any]:
-        state = await self.store.load(tenant_id or SYSTEM_TENANT, task_id)
+        tenant = tenant_id or SYSTEM_TENANT
+        state = await self.store.load(tenant, task_id)
         if state is None:
             raise NotFound(f"no task {task_id!r} is known to this tenant (never started, or expired)",
                            field="task_id", hint="use the task id the call answered; tasks are kept for a while only")
+        if state["state"] == "working" and not await self.store.held(tenant, task_id):
+            # Read again: the task may have ended (and its lease lapsed) between the two reads.
+            state = await self.store.load(tenant, task_id) or state
+            if state["state"] == "working":
+                return {**state, "state": "failed", "lost": True,
+                        "status_message": "the gateway replica running this task stopped before it ended; the call "
+                                          "may or may not have reached the tool: check (GetCall, or the tool's "
+                                          "status tool) before calling again"}
         return state
 
     async def wait(self, tenant_id: str, task_id: str, *, poll_seconds: float = 0.1,

@@ -376,3 +376,23 @@ async def test_a_task_whose_gateway_process_is_killed_answers_failed_as_lost_on_
         await test_mcp.drop_namespace(first)
     assert working.state == "working"
     assert lost.state == "failed" and "stopped before it ended" in lost.status_message
+
+
+@pytest.mark.parametrize("mode", test_mcp.MODES)
+async def test_a_call_its_mcp_client_cancels_is_audited_as_cancelled(gateway: Gateway, booking: Booking,
+                                                                    mode: str) -> None:
+    await register_booking(gateway, booking)
+    async with mcp_client(gateway, gateway.token("tools:read", "tools:call"), mode) as client:
+        running = asyncio.create_task(client.call_tool("trip.report", {"month": "2026-07"},
+                                                       meta={CHAIN: f"report-{mode}"}))
+        with anyio.fail_after(10):
+            while booking.calls["report"] == 0:
+                await anyio.sleep(0.05)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    async with stub_of(gateway) as stub:
+        with anyio.fail_after(10):
+            while (found := await stub.GetCall(tools_pb2.GetCallRequest(call_id=f"report-{mode}"))).state != "failed":
+                await anyio.sleep(0.1)
+    assert (found.tool, found.outcome, found.error.error_type) == ("trip.report", "cancelled", "cancelled")

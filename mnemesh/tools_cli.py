@@ -89,9 +89,12 @@ def add_tools_commands(tools, settings_of, run, identity) -> None:
     p.add_argument("--task", action="store_true", help="answer a task id at once (poll: mnemesh tools task ID)")
     p.add_argument("--deadline", type=float, default=0.0, help="seconds (default: the tool's timeout)")
     p.add_argument("--context", default="", help="the task kind, for experience")
-    p = parser(tools, "task", "the state of a call run as a task", rpc(
-        "GetTask", lambda ns: tools_pb2.GetTaskRequest(task_id=ns.task_id), _task))
+    get_task = rpc("GetTask", lambda ns: tools_pb2.GetTaskRequest(task_id=ns.task_id), _task)
+    cancel_task = rpc("CancelTask", lambda ns: tools_pb2.CancelTaskRequest(task_id=ns.task_id), _task)
+    p = parser(tools, "task", "the state of a call run as a task (--cancel: cancel it)",
+               lambda ns: (cancel_task if ns.cancel else get_task)(ns))
     p.add_argument("task_id")
+    p.add_argument("--cancel", action="store_true", help="cancel the task, whichever replica runs it")
     p = parser(tools, "stats", "how tools have fared (procedural memory)", rpc(
         "ToolStats", lambda ns: tools_pb2.ToolStatsRequest(name=ns.name, context=ns.context),
         lambda r: [f"{s.name}: {s.note or 'no calls yet'}" for s in r.stats] or ["no experience yet"]))

@@ -21,6 +21,7 @@ import mcp_types as types
 import pytest
 import redis.asyncio
 import test_mcp
+from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -233,6 +234,17 @@ async def test_two_gateway_processes_share_a_chain_and_a_task(redis_url: str, da
                 replayed = await b.CallTool(call("trip.quote", {"city": "Rome"}, chain_id="trip-4"), timeout=10)
                 started = await a.CallTool(call("trip.report", {"month": "2026-11"}, as_task=True), timeout=10)
                 working = await b.GetTask(tools_pb2.GetTaskRequest(task_id=started.task_id), timeout=10)
+                doomed = await a.CallTool(call("trip.report", {"month": "2026-06"}, as_task=True, chain_id="report-c"),
+                                          timeout=10)
+                with anyio.fail_after(10):
+                    while booking.calls["report"] < 2:
+                        await anyio.sleep(0.05)
+                cancelled = await b.CancelTask(tools_pb2.CancelTaskRequest(task_id=doomed.task_id), timeout=10)
+                with anyio.fail_after(10):
+                    while (audited := await b.GetCall(tools_pb2.GetCallRequest(call_id="report-c"))).state != "failed":
+                        await anyio.sleep(0.1)
+                with pytest.raises(grpc.aio.AioRpcError) as again_cancelled:
+                    await b.CancelTask(tools_pb2.CancelTaskRequest(task_id=doomed.task_id), timeout=10)
                 booking.release.set()
                 with anyio.fail_after(20):
                     while (done := await b.GetTask(tools_pb2.GetTaskRequest(task_id=started.task_id),
@@ -251,6 +263,8 @@ async def test_two_gateway_processes_share_a_chain_and_a_task(redis_url: str, da
     assert started.task_id and not started.call_id and working.state == "working" and working.tool == "trip.report"
     assert (done.state, done.call.outcome, dict(done.call.result)) == \
         ("completed", "ok", {"report": "ready", "for": "2026-11"})
+    assert cancelled.state == "cancelled" and (audited.outcome, audited.tool) == ("cancelled", "trip.report")
+    assert error_detail(again_cancelled.value).error_type == "task_ended"
     assert shown.returncode == 0, shown.stderr
     printed = json.loads(shown.stdout)
     assert (printed["state"], printed["call"]["result"]["report"]) == ("completed", "ready")
@@ -312,12 +326,26 @@ async def test_mcp_tasks_on_2025_11_25_with_the_official_client(gateway: Gateway
             types.CallToolResult)
         done = await client.session.send_request(
             types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=created.task.task_id)), types.GetTaskResult)
+        booking.release = asyncio.Event()
+        other = await client.session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(
+                name="trip.report", arguments={"month": "2026-05"}, task=types.TaskMetadata(ttl=60_000))),
+            types.CreateTaskResult)
+        cancelled = await client.session.send_request(
+            types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=other.task.task_id)),
+            types.CancelTaskResult)
+        with pytest.raises(MCPError) as ended:
+            await client.session.send_request(
+                types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=created.task.task_id)),
+                types.CancelTaskResult)
     assert tasks_capability is not None and tasks_capability.requests.tools.call is not None
+    assert tasks_capability.cancel is not None and cancelled.status == "cancelled"
+    assert ended.value.error.data["error_type"] == "task_ended"
     assert listed["trip.report"].execution.task_support == "optional"
     assert created.task.status == "working" and polled.status == "working"
     assert not result.is_error and result.structured_content == {"report": "ready", "for": "2026-10"}
     assert result.meta["io.modelcontextprotocol/related-task"] == {"taskId": created.task.task_id}
-    assert done.status == "completed" and booking.calls["report"] == 1
+    assert done.status == "completed"
 
 
 async def test_a_call_its_grpc_caller_cancels_is_audited_as_cancelled(gateway: Gateway, booking: Booking) -> None:

@@ -14,7 +14,7 @@ from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
 from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
 from services.tool_gateway.service_layer.pipeline import CallPorts, call_tool
-from services.tool_gateway.service_layer.tasks import TaskRunner
+from services.tool_gateway.service_layer.tasks import TaskEnded, TaskRunner
 
 AGENT = Principal(subject="agent-1", tenant_id="acme", scopes=frozenset({"tools:call"}))
 ANY = {"type": "object"}
@@ -255,3 +255,17 @@ async def test_a_working_task_whose_lease_lapsed_answers_failed_as_lost() -> Non
     lost = await runner.get("acme", started["task_id"])
     assert lost["state"] == "failed" and lost["lost"] and "stopped before it ended" in lost["status_message"]
     await runner.close()
+
+
+async def test_a_cancelled_task_ends_cancelled_and_cannot_be_cancelled_again() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    runner = TaskRunner(ports, MemoryTasks())
+    started = await runner.start(call("slow.job"))
+    await asyncio.sleep(0.05)
+    cancelled = await runner.cancel_task("acme", started["task_id"])
+    assert cancelled["state"] == "cancelled"
+    await asyncio.sleep(0)
+    assert [r.outcome for r in ports.call_log.records] == ["cancelled"]
+    with pytest.raises(TaskEnded):
+        await runner.cancel_task("acme", started["task_id"])

@@ -35,7 +35,7 @@ from services.tool_gateway.service_layer.ports import ExperienceStore
 __all__ = ["Admin", "registration"]
 
 SCOPES = {"RegisterTool": "tools:admin", "ListTools": "tools:read", "CallTool": "tools:call",
-          "RemoveTool": "tools:admin", "GetCall": "tools:call", "GetTask": "tools:call", "ToolStats": "tools:read",
+          "RemoveTool": "tools:admin", "GetCall": "tools:call", "GetTask": "tools:call", "CancelTask": "tools:call", "ToolStats": "tools:read",
           "SetCanary": "tools:admin", "Promote": "tools:admin", "Rollback": "tools:admin",
           "AddUpstream": "tools:admin", "RemoveUpstream": "tools:admin", "ListUpstreams": "tools:read"}
 
@@ -97,13 +97,10 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
         return response
 
     async def GetTask(self, request, context):
-        state = await self._tasks().get(_tenant(current_principal.get()), request.task_id)
-        response = tools_pb2.GetTaskResponse(task_id=state["task_id"], state=state["state"], tool=state["tool"],
-                                             created_at=state["created_at"], updated_at=state["updated_at"],
-                                             status_message=state.get("status_message", ""))
-        if state.get("outcome"):
-            response.call.CopyFrom(_stored_response(state["outcome"]))
-        return response
+        return _task_response(await self._tasks().get(_tenant(current_principal.get()), request.task_id))
+
+    async def CancelTask(self, request, context):
+        return _task_response(await self._tasks().cancel_task(_tenant(current_principal.get()), request.task_id))
 
     def _tasks(self) -> TaskRunner:
         if self.admin.tasks is None:
@@ -172,6 +169,15 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
         response.result.CopyFrom(result)
         response.truncated = outcome.result.truncated
         return response
+
+
+def _task_response(state: dict) -> tools_pb2.GetTaskResponse:
+    response = tools_pb2.GetTaskResponse(task_id=state["task_id"], state=state["state"], tool=state["tool"],
+                                         created_at=state["created_at"], updated_at=state["updated_at"],
+                                         status_message=state.get("status_message", ""))
+    if state.get("outcome"):
+        response.call.CopyFrom(_stored_response(state["outcome"]))
+    return response
 
 
 def _stored_response(d: dict) -> tools_pb2.CallToolResponse:

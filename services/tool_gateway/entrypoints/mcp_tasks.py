@@ -8,8 +8,8 @@ CallToolResult, which a CreateTaskResult is not. So:
 - a server middleware answers a `tools/call` whose params carry `task` itself, before the SDK checks
   the answer; the CreateTaskResult it sends also carries an empty `content`, so that clients checking
   every `tools/call` answer as a CallToolResult (the SDK's own client does) accept it;
-- `tasks/get` and `tasks/result` are request handlers of their own (methods the SDK does not know pass
-  through to them);
+- `tasks/get`, `tasks/result` and `tasks/cancel` are request handlers of their own (methods the SDK does
+  not know pass through to them); a cancellation reaches the replica running the task over Redis;
 - the initialize answer announces `capabilities.tasks.requests.tools.call`, and tools/list marks
   every tool `execution.taskSupport: "optional"`.
 
@@ -42,7 +42,7 @@ POLL_MS = 500
 
 
 def capabilities() -> types.ServerTasksCapability:
-    return types.ServerTasksCapability(requests=types.ServerTasksRequestsCapability(
+    return types.ServerTasksCapability(cancel=types.TasksCancelCapability(), requests=types.ServerTasksRequestsCapability(
         tools=types.TasksToolsCapability(call=types.TasksCallCapability())))
 
 
@@ -100,7 +100,8 @@ class TaskMiddleware:
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
-    """`tasks/get` and `tasks/result`, for Server.add_request_handler: the caller's tenant's tasks only.
+    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's tenant's
+    tasks only.
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
     def tenant(ctx: ServerRequestContext[Any, Any]) -> str:
@@ -109,8 +110,11 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
             raise MCPError(types.INVALID_REQUEST, "the request carries no authenticated caller")
         return principal.tenant_id or SYSTEM_TENANT
 
-    async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool) -> dict[str, Any]:
+    async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool = False,
+                   cancel: bool = False) -> dict[str, Any]:
         try:
+            if cancel:
+                return await runner.cancel_task(tenant(ctx), task_id)
             if wait:
                 return await runner.wait(tenant(ctx), task_id, poll_seconds=0.1)
             return await runner.get(tenant(ctx), task_id)
@@ -135,5 +139,9 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
         dumped["_meta"] = {**(dumped.get("_meta") or {}), RELATED_TASK: {"taskId": params.task_id}}
         return dumped
 
-    return {"tasks/get": (types.GetTaskRequestParams, get_task),
+    async def cancel_task(ctx: ServerRequestContext[Any, Any], params: types.CancelTaskRequestParams) -> dict[str, Any]:
+        return wire_task(await load(ctx, params.task_id, cancel=True))
+
+    return {"tasks/get": (types.GetTaskRequestParams, get_task), "tasks/cancel": (types.CancelTaskRequestParams,
+                                                                                 cancel_task),
             "tasks/result": (types.GetTaskPayloadRequestParams, task_result)}

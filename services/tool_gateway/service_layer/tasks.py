@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from libs.errors import NotFound
+from libs.errors import DomainError, NotFound
 from libs.logs import get_logger
 from services.tool_gateway.domain import CallOutcome, ToolCall, error_detail
 from services.tool_gateway.service_layer.call_context import reporting_progress
 from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts, call_tool, drain_detached
 from services.tool_gateway.service_layer.ports import TaskStore
 
-__all__ = ["TERMINAL", "TaskRunner", "outcome_to_dict"]
+__all__ = ["TERMINAL", "TaskEnded", "TaskRunner", "outcome_to_dict"]
 
 log = get_logger(__name__)
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class TaskEnded(DomainError):
+    error_type = "task_ended"
 
 
 def _now() -> str:
@@ -51,8 +56,10 @@ class TaskRunner:
     """The tasks this replica runs; their state in `store` for every replica."""
 
     def __init__(self, ports: CallPorts, store: TaskStore, *, ttl_seconds: float = 86_400.0,
-                 lease_seconds: float = 15.0) -> None:
+                 lease_seconds: float = 15.0, announce_cancel: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """`announce_cancel(task_id)`: asks every replica to cancel that task (the one running it does)."""
         self.ports, self.store, self.ttl_seconds, self.lease_seconds = ports, store, ttl_seconds, lease_seconds
+        self.announce_cancel = announce_cancel
         self._running: dict[str, asyncio.Task] = {}
 
     async def start(self, call: ToolCall) -> dict[str, Any]:
@@ -138,6 +145,17 @@ class TaskRunner:
             if state["state"] in TERMINAL or loop.time() >= until:
                 return state
             await asyncio.sleep(poll_seconds)
+
+    async def cancel_task(self, tenant_id: str, task_id: str, *, wait_seconds: float = 5.0) -> dict[str, Any]:
+        """Cancel a working task of this tenant, whichever replica runs it; its state after (at most
+        `wait_seconds` later: "cancelled", or "working" still when its replica has not answered yet)."""
+        state = await self.get(tenant_id, task_id)
+        if state["state"] in TERMINAL:
+            raise TaskEnded(f"the task already ended ({state['state']})", field="task_id",
+                            hint="read its result (GetTask, MCP tasks/result)")
+        if not self.cancel(task_id) and self.announce_cancel is not None:
+            await self.announce_cancel(task_id)
+        return await self.wait(tenant_id, task_id, poll_seconds=0.05, timeout_seconds=wait_seconds)
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a task running in this replica (False: not here)."""

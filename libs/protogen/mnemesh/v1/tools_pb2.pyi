@@ -133,6 +133,14 @@ class GetTaskRequest(_message.Message):
     task_id: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
 
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("tenant", "task_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
+
 class GetTaskResponse(_message.Message):
     __slots__ = ("task_id", "state", "tool", "created_at", "updated_at", "status_message", "call")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

@@ -66,6 +66,11 @@ class ToolGatewayStub:
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/CancelTask',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
+                _registered_method=True)
         self.ToolStats = channel.unary_unary(
                 '/mnemesh.v1.ToolGateway/ToolStats',
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.SerializeToString,
@@ -147,6 +152,14 @@ class ToolGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTask(self, request, context):
+        """Cancel a working task, whichever replica runs it; answers its state after (a call it had started
+        is audited "cancelled").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ToolStats(self, request, context):
         """Procedural memory: how a tool has fared, overall and per calling context.
         """
@@ -223,6 +236,11 @@ def add_ToolGatewayServicer_to_server(servicer, server):
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
                     request_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.SerializeToString,
             ),
             'ToolStats': grpc.unary_unary_rpc_method_handler(
@@ -423,6 +441,33 @@ class ToolGateway:
             target,
             '/mnemesh.v1.ToolGateway/GetTask',
             mnemesh_dot_v1_dot_tools__pb2.GetTaskRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/CancelTask',
+            mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.SerializeToString,
             mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
             options,
             channel_credentials,

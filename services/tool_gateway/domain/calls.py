@@ -18,7 +18,7 @@ from services.tool_gateway.domain.registry import ToolSpec
 
 __all__ = ["BackendFailed", "BackendFault", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
            "ToolCall", "args_sha256", "authorise", "backoff_seconds", "call_state", "clean_result",
-           "error_detail", "may_call"]
+           "error_detail", "may_call", "step_uri"]
 
 CALL_SCOPE = "tools:call"
 # Fields backends add for machines that only cost an agent tokens (HAL, GraphQL, OData links).
@@ -120,6 +120,11 @@ class CallRecord:
     served_by: str = ""
     attempts: int = 0
     chain_id: str = ""
+
+
+def step_uri(call_id: str) -> str:
+    """Where a call's whole result is read (MCP resources/read) while it is kept."""
+    return f"mem://step/{call_id}"
 
 
 def may_call(spec: ToolSpec, principal: Principal) -> bool:

@@ -14,7 +14,6 @@ Authentication happened at the entry point: the call arrives with its Principal.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -22,25 +21,31 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libs.auth import current_principal
-from libs.errors import DeadlineExceeded, DomainError, Internal, NotFound
+from libs.errors import DomainError, Internal
 from libs.logs import get_logger
 from services.tool_gateway.domain import (
     CallOutcome,
-    CallRecord,
     CircuitOpen,
     RateLimited,
     ToolCall,
     ToolSpec,
-    args_sha256,
     authorise,
     backoff_seconds,
     clean_result,
     validate_arguments,
 )
-from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires, kept_step
+from services.tool_gateway.domain.calls import step_uri
+from services.tool_gateway.domain.chains import check_requires
 from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, arm_for, roll_back, rollback_reason
-from services.tool_gateway.domain.status import DONE, RUNNING, confirmed_result, status_verdict
+from services.tool_gateway.service_layer.chain_steps import (
+    SYSTEM_TENANT,
+    CallCancelled,
+    drain_detached,
+    record_call,
+    record_detached,
+    replay,
+)
 from services.tool_gateway.service_layer.ports import (
     Backends,
     Breakers,
@@ -52,16 +57,15 @@ from services.tool_gateway.service_layer.ports import (
     Registry,
     ResultStore,
 )
+from services.tool_gateway.service_layer.resolve import not_found, resolve
+from services.tool_gateway.service_layer.status_check import timed_out
 
-__all__ = ["CallCancelled", "CallPolicy", "CallPorts", "breaker_key", "call_tool", "drain_detached", "resolve",
-           "step_uri"]
+__all__ = ["SYSTEM_TENANT", "CallCancelled", "CallPolicy", "CallPorts", "breaker_key", "call_tool", "drain_detached",
+           "resolve", "step_uri"]
 
 log = get_logger(__name__)
-SYSTEM_TENANT = "_system"  # the audit tenant of callers without one (authentication disabled)
 # Errors that say the backend (not the caller) is failing: they count against its breaker.
 _BREAKER_ERRORS = frozenset({"deadline_exceeded", "unavailable", "backend_error", "internal"})
-# Outcomes that make a step of the caller's chain (beside failures that reached a backend): refusals do not.
-_CHAIN_STEPS = frozenset({"ok", "fallback", "replayed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -96,24 +100,6 @@ def breaker_key(spec: ToolSpec) -> str:
     return f"{spec.name}@{spec.version}"
 
 
-def step_uri(call_id: str) -> str:
-    return f"mem://step/{call_id}"
-
-
-def _not_found(name: str, version: str, known: bool) -> NotFound:
-    what = f"{name!r} version {version}" if version else repr(name)
-    return NotFound(f"no tool {what} is registered", field="version" if version and known else "name",
-                    hint="list the tools (MCP tools/list, gRPC ListTools) and use one of their names")
-
-
-async def resolve(name: str, version: str, registry: Registry) -> ToolSpec:
-    versions = await registry.versions(name)
-    spec = pick_version(versions, version)
-    if spec is None:
-        raise _not_found(name, version, bool(versions))
-    return spec
-
-
 async def _route(call: ToolCall, registry: Registry) -> tuple[ToolSpec, Rollout | None, str]:
     """The spec this call runs: the version named, else the caller's arm of the rollout, else the highest.
 
@@ -123,13 +109,13 @@ async def _route(call: ToolCall, registry: Registry) -> tuple[ToolSpec, Rollout 
     if call.version or rollout is None:
         spec = pick_version(versions, call.version)
         if spec is None:
-            raise _not_found(call.name, call.version, bool(versions))
+            raise not_found(call.name, call.version, bool(versions))
         return spec, None, ""
     arm = arm_for(rollout, call.principal.tenant_id, call.principal.subject)
     wanted = rollout.canary if arm == "canary" else rollout.stable
     spec = pick_version(versions, wanted) or pick_version(versions)  # a removed pin: the highest
     if spec is None:
-        raise _not_found(call.name, "", False)
+        raise not_found(call.name, "", False)
     return spec, rollout, arm if rollout.canary else ""
 
 
@@ -177,55 +163,6 @@ async def _admit(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> tuple[bool
     return admitted, state, retry_after
 
 
-async def _check_status(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
-                        ports: CallPorts) -> tuple[str, dict[str, Any] | None, str]:
-    """Ask `spec`'s status tool (same arguments) whether the operation of a timed-out call happened:
-    (verdict, its answer, why the state is unknown); the verdict is "unknown" when it cannot say."""
-    left = None if deadline_at is None else deadline_at - ports.clock()
-    try:
-        status = await resolve(spec.status_tool, "", ports.registry)
-        timeout = status.timeout_seconds if left is None else min(status.timeout_seconds, left)
-        if timeout <= 0:
-            return "unknown", None, "no time was left to ask it"
-        async with asyncio.timeout(timeout):
-            answer = await ports.backends.call(status, arguments, timeout)
-    except TimeoutError:
-        return "unknown", None, f"{spec.status_tool} did not answer in time either"
-    except DomainError as exc:
-        return "unknown", None, f"{spec.status_tool} failed: {exc.error_type}: {exc.reason}"[:300]
-    if not isinstance(answer, dict):
-        return "unknown", None, f"{spec.status_tool} answered {type(answer).__name__}, not an object"
-    return status_verdict(answer), answer, ""
-
-
-async def _timed_out(spec: ToolSpec, arguments: dict[str, Any], timeout: float, deadline_at: float | None,
-                     ports: CallPorts) -> tuple[DeadlineExceeded, dict[str, Any] | None]:
-    """The error of a timed-out attempt, or (with a status tool that says it happened) the operation's result."""
-    error = DeadlineExceeded(f"{spec.name} did not answer within {max(timeout, 0):.2f} s",
-                             field="deadline_seconds", hint="retry later, or give the call a longer deadline")
-    if not spec.status_tool:
-        return error, None
-    verdict, answer, why = await _check_status(spec, arguments, deadline_at, ports)
-    log.info("timed-out call checked", tool=spec.name, status_tool=spec.status_tool, verdict=verdict)
-    if verdict == DONE and answer is not None:
-        return error, confirmed_result(answer)
-    if verdict == RUNNING:
-        error = DeadlineExceeded(f"{spec.name} did not answer within {max(timeout, 0):.2f} s and "
-                                 f"{spec.status_tool} says the operation is still running", field="deadline_seconds",
-                                 retryable=False, hint=f"do not call {spec.name} again: ask {spec.status_tool} "
-                                                       "with the same arguments until it is done")
-    elif verdict != DONE:  # not done: the timeout stays retryable
-        if verdict == "unknown":
-            error = DeadlineExceeded(f"{spec.name} did not answer within {max(timeout, 0):.2f} s, and whether the "
-                                     f"operation happened is unknown ({why})", field="deadline_seconds",
-                                     retryable=False, hint=f"ask {spec.status_tool} with the same arguments "
-                                                           f"before calling {spec.name} again")
-        else:
-            return error, None
-    error.may_have_happened = True  # type: ignore[attr-defined]  # no fallback may repeat it either
-    return error, None
-
-
 async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
                    ports: CallPorts, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int, str]:
     """Call `spec` with bounded retries; returns (result, attempts, confirmed_by) or raises the last error.
@@ -250,7 +187,7 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
             async with asyncio.timeout(timeout):
                 result = await ports.backends.call(spec, arguments, timeout)
         except TimeoutError:
-            error, confirmed = await _timed_out(spec, arguments, timeout, deadline_at, ports)
+            error, confirmed = await timed_out(spec, arguments, timeout, deadline_at, ports)
             if confirmed is not None:  # it happened, only slowly: no retry; slow all the same for the breaker
                 await ports.breakers.record(breaker_key(spec), False)
                 return confirmed, attempt, spec.status_tool
@@ -293,23 +230,6 @@ async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
     return None
 
 
-async def _replay(call: ToolCall, spec: ToolSpec, call_id: str, chain: Chain | None, tenant: str,
-                  ports: CallPorts) -> CallOutcome | None:
-    """The kept result of the chain's successful step of this tool with these arguments, if still kept."""
-    step = kept_step(chain, spec.name, args_sha256(call.arguments))
-    if step is None:
-        return None
-    text = await ports.results.get(tenant, step.result_key)
-    if text is None:  # the result expired before the chain: run the step again
-        return None
-    await ports.results.put(tenant, call_id, text)  # GetCall of this call (or of the chain id) answers it too
-    cleaned = clean_result(json.loads(text), ports.policy.result_max_bytes)
-    uri = step_uri(call_id) if cleaned.truncated else ""
-    return CallOutcome(call_id, spec.name, spec.version, result=cleaned, outcome="replayed", resource_uri=uri,
-                       served_by=spec.name, attempts=0, has_output_schema=bool(spec.output_schema),
-                       replay_of=step.call_id)
-
-
 async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
                rollout: Rollout | None = None, arm: str = "") -> CallOutcome:
     authorise(spec, call.principal)
@@ -318,7 +238,7 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
     if call.chain_id and ports.chains is not None:
         chain = await ports.chains.load(tenant, call.chain_id)
         check_requires(spec, call.chain_id, chain)
-        replayed = await _replay(call, spec, call_id, chain, tenant, ports)
+        replayed = await replay(call, spec, call_id, chain, tenant, ports)
         if replayed is not None:
             return replayed
     else:
@@ -375,52 +295,8 @@ async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
         cancelled = CallOutcome(call_id, call.name, version, error=CallCancelled(
             "the caller cancelled the call", hint="the call was stopped, upstream too; call again to retry"),
             outcome="cancelled", latency_ms=(ports.clock() - started) * 1000, attempts=0)
-        _record_detached(_record(call, cancelled, ports))
+        record_detached(record_call(call, cancelled, ports))
         raise
     outcome = replace(outcome, latency_ms=(ports.clock() - started) * 1000)
-    await _record(call, outcome, ports)
+    await record_call(call, outcome, ports)
     return outcome
-
-
-class CallCancelled(DomainError):
-    error_type = "cancelled"
-
-
-_DETACHED: set[asyncio.Task] = set()
-
-
-def _record_detached(coro: Any) -> None:
-    """Record a cancelled call's row in a task of its own: the cancelled one may not await any more (an anyio
-    cancel scope cancels every await under it)."""
-    task = asyncio.get_running_loop().create_task(coro, name="audit of a cancelled call")
-    _DETACHED.add(task)
-    task.add_done_callback(_DETACHED.discard)
-
-
-async def drain_detached() -> None:
-    """Wait for the audit rows of cancelled calls still being queued (before the audit log closes)."""
-    if _DETACHED:
-        await asyncio.gather(*list(_DETACHED), return_exceptions=True)
-
-
-async def _record(call: ToolCall, outcome: CallOutcome, ports: CallPorts) -> None:
-    """The audit row and event, then the chain's step (calls that reached a backend, or replayed one)."""
-    p = call.principal
-    tenant = p.tenant_id or SYSTEM_TENANT
-    arguments_hash = args_sha256(call.arguments)
-    error = outcome.error.to_dict() if outcome.error else None
-    await ports.call_log.record(CallRecord(
-        call_id=outcome.call_id, tenant_id=tenant, caller=p.subject, tool=call.name,
-        version=outcome.version, args_sha256=arguments_hash, outcome=outcome.outcome, error=error,
-        latency_ms=outcome.latency_ms, trace_id=call.trace_id, context=call.context,
-        arguments=call.arguments if outcome.error is None else {}, served_by=outcome.served_by,
-        attempts=outcome.attempts, chain_id=call.chain_id))
-    if not call.chain_id or ports.chains is None or not (outcome.attempts > 0 or outcome.outcome in _CHAIN_STEPS):
-        return
-    done = outcome.outcome in ("ok", "fallback")  # a replayed step renews the chain, keeping its first call
-    try:
-        await ports.chains.record(tenant, call.chain_id, ChainStep(
-            tool=call.name, args_sha256=arguments_hash, call_id=outcome.call_id, outcome=outcome.outcome,
-            result_key=outcome.call_id if done else "", at=time.time()))
-    except Exception as exc:  # noqa: BLE001 - the call happened and is audited; the chain only loses this step
-        log.warning("chain step not kept", chain_id=call.chain_id, tool=call.name, error=repr(exc)[:200])

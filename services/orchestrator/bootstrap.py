@@ -50,7 +50,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
         GrpcRetriever(channels["retriever"], issue) if "retriever" in channels else local_memory,
         GrpcToolGateway(channels["tools"], issue) if "tools" in channels else LocalTools(),
         memory,
-        llm, own.tool_deadline_seconds, own.turn_lease_seconds)
+        llm, own.tool_deadline_seconds, own.turn_lease_seconds, verify_seconds=own.verify_seconds)
     ctx.closers.append(agent.drain)  # closed first (closers run in reverse): turns end before the channels
     ctx.tasks.append(lambda: rules.watch(own.rules_check_seconds))
     ctx.add_grpc(grpc_api.registration(sessions, agent))

@@ -143,6 +143,45 @@ async def test_a_timed_out_tool_is_verified_before_it_is_retried(world) -> None:
     assert finished[0].outcome == Outcome.OK and "status says done" in finished[0].reason
 
 
+async def test_a_timed_out_call_still_running_at_the_gateway_is_asked_again_until_it_settles(world) -> None:
+    never = asyncio.Event()
+
+    async def hangs(args):
+        await never.wait()
+        return {}
+    answers = [CallStatus("running"), CallStatus("running"),
+               CallStatus("done", {"status": "delivered", "eta": "2026-02-02"})]
+
+    async def status(tenant_id: str, call_id: str) -> CallStatus:
+        world.tools.status_checks.append(call_id)
+        return answers.pop(0)
+    world.tools.handlers["orders.get_status"] = hangs
+    world.tools.status = status
+    world.agent.tool_deadline_seconds = 0.05
+
+    session = await world.say("status of order A12345")
+
+    assert world.tools.status_checks == [world.tools.calls[0][2]] * 3 and len(world.tools.calls) == 1
+    assert "delivered" in last_reply(session).text
+
+
+async def test_a_call_still_running_when_verification_gives_up_counts_as_not_done(world) -> None:
+    never = asyncio.Event()
+
+    async def hangs(args):
+        await never.wait()
+        return {}
+    world.tools.handlers["orders.get_status"] = hangs
+    world.tools.default_status = CallStatus("running")
+    world.agent.tool_deadline_seconds, world.agent.verify_seconds = 0.05, 0.3
+
+    await world.say("status of order A12345")
+
+    finished = await world.events(ActionFinished)
+    assert finished[0].outcome == Outcome.TIMEOUT and finished[0].reason.endswith("status says running")
+    assert 2 <= world.tools.status_checks.count(world.tools.calls[0][2]) <= 6  # asked again, for a bounded time
+
+
 async def test_a_result_that_is_not_verified_is_not_a_success(world) -> None:
     async def no_status(args):
         return {"eta": "2026-03-01"}  # the intent verifies by its `status` field

@@ -145,7 +145,7 @@ class GrpcToolGateway:
             return CallStatus("unknown")
         if reply.state == "done":
             return CallStatus("done", json_format.MessageToDict(reply.result))
-        return CallStatus("not_done" if reply.state in ("failed", "running") else "unknown")
+        return CallStatus(reply.state if reply.state in ("failed", "running") else "unknown")
 
     async def list_tools(self, tenant_id: str) -> list[ToolInfo]:
         response = await self.stub.ListTools(tools_pb2.ListToolsRequest(

@@ -44,6 +44,7 @@ from services.orchestrator.domain.interrupts import InterruptDetector
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
+    CallStatus,
     DecisionMaker,
     MemoryWriter,
     Retriever,
@@ -69,6 +70,9 @@ class Agent:
     llm: DecisionMaker | None = None
     tool_deadline_seconds: float = 10.0
     lease_seconds: float = 60.0  # a busy turn that has not moved for this long has lost its runner
+    # A timed-out call the gateway says is still running is asked about again for this long before it
+    # counts as not done (and may be retried).
+    verify_seconds: float = 5.0
     clock: Callable[[], float] = time.time
     counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
     budget: Budget = field(default_factory=Budget)
@@ -76,9 +80,10 @@ class Agent:
     _turns: set[asyncio.Task] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
-        if self.lease_seconds <= self.tool_deadline_seconds:
+        if self.lease_seconds <= self.tool_deadline_seconds + self.verify_seconds:
             raise ValueError(f"lease_seconds ({self.lease_seconds}) must exceed the tool deadline "
-                             f"({self.tool_deadline_seconds}): a call in flight would look like a dead runner")
+                             f"({self.tool_deadline_seconds}) plus verify_seconds ({self.verify_seconds}): a call "
+                             "in flight or being verified would look like a dead runner")
 
     async def run_turn(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
         """`advance`, carried on to its end even when the caller stops waiting (a client cancelling Send)."""
@@ -287,7 +292,7 @@ class Agent:
             return await self.sessions.load(session.tenant_id, session.session_id)  # cancelled by an interrupt
         outcome, reason = Outcome.OK, "tool answered"
         if result.timed_out:  # the answer was lost, not necessarily the work: ask before retrying
-            status = await self.gateway.status(session.tenant_id, action_id)
+            status = await self._verify(session.tenant_id, action_id)
             if status.state == "done":
                 result, reason = ToolResult(True, status.result), "timed out; the backend's status says done"
             else:
@@ -306,6 +311,17 @@ class Agent:
                                        task_id=task.task_id))
         after = await self._commit(started, events[:1], *State)  # the result is kept even when paused
         return await self._commit(after, events[1:], State.ROUTING)
+
+    async def _verify(self, tenant_id: str, call_id: str) -> CallStatus:
+        """How a timed-out call really ended, by the gateway's record of its chain id: asked again while the
+        gateway says it is still running (the work may yet finish), for at most `verify_seconds`."""
+        give_up, pause = time.monotonic() + self.verify_seconds, 0.05
+        while True:
+            status = await self.gateway.status(tenant_id, call_id)
+            if status.state != "running" or time.monotonic() + pause > give_up:
+                return status
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     async def _cancellable(self, session: Session, task_id: str, action_id: str, call) -> ToolResult | None:
         """The call's result, or None when the session cancelled it (hard stop, redirect) while in flight."""

@@ -91,10 +91,10 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class CallStatus:
-    """What the backend says about a call whose answer was lost (a timeout): done (with its result), not
-    done, or unknown (nothing to ask): only `done` counts as a result."""
+    """What the backend says about a call whose answer was lost (a timeout): done (with its result), still
+    running (ask again), failed, or unknown (nothing recorded under that id): only `done` counts as a result."""
 
-    state: str  # done | not_done | unknown
+    state: str  # done | running | failed | unknown
     result: dict[str, Any] = field(default_factory=dict)
 
 

@@ -100,6 +100,15 @@ class GrpcMemoryWriter:
             raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
         return reply.memory_id
 
+    async def confirm(self, tenant_id: str, user_id: str, memory_id: str, reason: str) -> None:
+        request = memory_pb2.ConfirmRequest(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
+                                            memory_id=memory_id, reason=reason[:500])
+        try:
+            await self.stub.Confirm(request, timeout=self.timeout,
+                                    metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
+
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         request = memory_pb2.CompressSessionRequest(
             tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),

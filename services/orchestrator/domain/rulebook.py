@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from libs.safe_schema import UnsupportedPattern, compile_pattern
+from services.orchestrator.domain.confirm import DEFAULT_CONFIRM, ConfirmPhrases
 from services.orchestrator.domain.interrupts import DEFAULT_PHRASES, Phrases
 from services.orchestrator.domain.slots import VALIDATORS, SlotValidator, pattern_validator
 
@@ -36,7 +37,7 @@ class SlotSpec:
     name: str
     validator: SlotValidator
     question: str
-    memory_key: str = ""  # look the value up in memory under this entity key
+    memory_key: str = ""  # look the value up in memory under this entity key (L1: used; L2: offered to confirm)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class RuleBook:
     intents: dict[str, Intent] = field(default_factory=dict)
     templates: dict[str, str] = field(default_factory=dict)
     max_reply_chars: int = 1_000
+    confirm: ConfirmPhrases = DEFAULT_CONFIRM
 
     def match(self, text: str) -> Rule | None:
         return next((r for r in self.rules if r.matches(text)), None)
@@ -99,6 +101,8 @@ _TEMPLATES = {
     "unknown": "I could not find anything about that. Could you say it differently?",
     "failed": "The tool did not answer after three tries; a colleague will take over.",
     "ungrounded": "Here is what the tool returned: {result}",
+    "confirm_slot": "I have {value} on record as your {slot}. Shall I use it? (yes / no)",
+    "confirm_again": "Please answer yes or no: shall I use {value} as your {slot}?",
 }
 
 
@@ -178,7 +182,7 @@ def parse_rulebook(text: str) -> RuleBook:
         raise RulesError(mark.line + 1 if mark else 1, f"not valid YAML: {exc.problem}") from None
     if not isinstance(root, _Map):
         raise RulesError(1, "the file must be a mapping with interrupts, rules, intents and templates")
-    unknown = set(root) - {"interrupts", "rules", "intents", "templates", "max_reply_chars"}
+    unknown = set(root) - {"interrupts", "confirm", "rules", "intents", "templates", "max_reply_chars"}
     if unknown:
         key = min(unknown)
         raise RulesError(root.lines[key], f"unknown section {key!r}")
@@ -187,6 +191,14 @@ def parse_rulebook(text: str) -> RuleBook:
         node = _get(root, "interrupts", dict)
         phrases = Phrases(**{k: _texts(node, k) or getattr(DEFAULT_PHRASES, k)
                              for k in ("soft", "hard", "resume", "redirect", "fillers")})
+    confirm = DEFAULT_CONFIRM
+    if "confirm" in root:
+        node = _get(root, "confirm", dict)
+        extra = set(node) - {"accept", "refuse"}
+        if extra:
+            raise RulesError(node.lines[min(extra)], f"confirm has only accept and refuse, not {min(extra)!r}")
+        confirm = ConfirmPhrases(_texts(node, "accept") or DEFAULT_CONFIRM.yes,
+                                 _texts(node, "refuse") or DEFAULT_CONFIRM.no)
     intents = {name: _intent(name, node, root["intents"].lines[name])
                for name, node in _get(root, "intents", dict, _Map()).items()}
     rules = tuple(_rule(node, line, intents) for node, line in _rules(root))
@@ -195,11 +207,13 @@ def parse_rulebook(text: str) -> RuleBook:
         if name not in _TEMPLATES or not isinstance(value, str):
             raise RulesError(templates.lines[name], f"template {name!r} must be one of {sorted(_TEMPLATES)}, as text")
     max_chars = _get(root, "max_reply_chars", int, 1_000)
-    return RuleBook(phrases, rules, intents, dict(templates), max_chars)
+    return RuleBook(phrases, rules, intents, dict(templates), max_chars, confirm)
 
 
 def _rules(root: _Map) -> list[tuple[_Map, int]]:
     items = _get(root, "rules", list, _List())
+    if not items:  # no rules (a file of phrases and templates only)
+        return []
     if len(items) > _MAX_RULES:
         raise RulesError(items.line, f"at most {_MAX_RULES} rules")
     for i, item in enumerate(items):

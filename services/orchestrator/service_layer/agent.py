@@ -32,7 +32,9 @@ from services.orchestrator.domain import (
     Outcome,
     Session,
     SessionEvent,
+    SlotDeclined,
     SlotFilled,
+    SlotOffered,
     State,
     StateChanged,
     TaskEnded,
@@ -46,6 +48,7 @@ from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_
 from services.orchestrator.service_layer.ports import (
     CallStatus,
     DecisionMaker,
+    MemoryHit,
     MemoryWriter,
     Retriever,
     SessionRepository,
@@ -57,6 +60,7 @@ __all__ = ["MAX_TRIES", "Agent"]
 
 log = get_logger(__name__)
 MAX_TRIES = 3
+_CONFIRMED = "memory:L2-confirmed:"  # the source of a slot filled from an L2 memory the user confirmed
 _MAX_STEPS = 64  # a task that has not settled after this many steps is a bug, not a loop to keep running
 
 
@@ -190,9 +194,14 @@ class Agent:
     async def _parse(self, session: Session, user_id: str) -> Session:
         task, book = session.task, self.rules()
         if task.decision is not None:  # the user answered a question: parse it into the missing slots
-            return await self._commit(session, [*self._answer_slots(session, book),
-                                                StateChanged(State.PARSING, State.ROUTING, "answer parsed",
-                                                             task_id=task.task_id)])
+            events = self._answer_slots(session, book)
+            after = await self._commit(session, [*events, StateChanged(State.PARSING, State.ROUTING, "answer parsed",
+                                                                       task_id=task.task_id)])
+            if after.version > session.version:
+                for e in events:
+                    if isinstance(e, SlotFilled) and e.source.startswith(_CONFIRMED):
+                        await self._confirm_memory(session, user_id, e.source[len(_CONFIRMED):], e.name)
+            return after
         rule = book.match(task.text)
         if rule is None:
             return await self._commit(session, [StateChanged(State.PARSING, State.LLM_DECIDE, "no rule matched",
@@ -214,12 +223,33 @@ class Agent:
         for slot in intent.slots if intent else ():
             if slot.name in task.slots:
                 continue
-            for answer in task.answers:
-                value, _ = slot.validator.extract(answer)
-                if value is not None:
-                    events.append(SlotFilled(task.task_id, slot.name, value, "answer"))
-                    break
+            value = next((v for v in (slot.validator.extract(a)[0] for a in task.answers) if v is not None), None)
+            offer = task.offers.get(slot.name)
+            if offer is not None:  # an L2 memory's value awaits the user's yes or no
+                offered, memory_id = offer
+                said = book.confirm.classify(task.answers[-1]) if task.answers else None
+                if value is not None and value != offered:
+                    events.append(SlotDeclined(task.task_id, slot.name, memory_id, "the user gave another value"))
+                elif value is not None or said == "yes":
+                    events.append(SlotFilled(task.task_id, slot.name, offered, f"{_CONFIRMED}{memory_id}"))
+                    continue
+                elif said == "no":
+                    events.append(SlotDeclined(task.task_id, slot.name, memory_id,
+                                               f"the user said no: {task.answers[-1][:200]!r}"))
+                    continue
+                else:
+                    continue  # neither yes nor no: the question is asked again
+            if value is not None:
+                events.append(SlotFilled(task.task_id, slot.name, value, "answer"))
         return events
+
+    async def _confirm_memory(self, session: Session, user_id: str, memory_id: str, slot: str) -> None:
+        """The user confirmed an L2 memory: it becomes L1, used without asking from then on (advisory)."""
+        try:
+            await self.memory.confirm(session.tenant_id, user_id, memory_id,
+                                      f"confirmed by the user as {slot} in session {session.session_id}")
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("the confirmed memory was not promoted", memory_id=memory_id, error=str(exc))
 
     # --- ROUTING: carry out the decision ---------------------------------------------------------------------
 
@@ -259,24 +289,51 @@ class Agent:
 
     async def _missing_slot(self, session: Session, intent, user_id: str) -> Session | None:
         task = session.task
+        book = self.rules()
         for slot in intent.slots:
             if slot.name in task.slots:
                 continue
-            if slot.memory_key:  # an L1 memory under the key, found by what the user asked and the key's words
-                query = f"{task.text} {slot.memory_key.replace('_', ' ')}"
-                hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, query, 10)
-                for hit in hits:
-                    value = slot.validator.extract(hit.content)[0] if hit.key == slot.memory_key and hit.strong \
-                        else None
-                    if value is not None:
-                        return await self._commit(session, [SlotFilled(task.task_id, slot.name, value,
-                                                                       f"memory:L1:{hit.memory_id}")])
+            label = slot.name.replace("_", " ")
+            if slot.name in task.offers:  # offered, and the answer was neither yes nor no
+                value, memory_id = task.offers[slot.name]
+                return await self._ask(session, _fill(book.template("confirm_again"), {"value": value, "slot": label}),
+                                       f"slot {slot.name}: the offered memory awaits yes or no", (memory_id,))
+            if slot.memory_key:  # a memory under the key, found by what the user asked and the key's words
+                found = await self._from_memory(session, slot, user_id)
+                if found is not None and found[0].strong:  # L1: used without asking
+                    return await self._commit(session, [SlotFilled(task.task_id, slot.name, found[1],
+                                                                   f"memory:L1:{found[0].memory_id}")])
+                if found is not None:  # L2: confirm before use
+                    hit, value = found
+                    return await self._ask(
+                        session, _fill(book.template("confirm_slot"), {"value": value, "slot": label}),
+                        f"slot {slot.name} offered from L2 memory {hit.memory_id}: confirm before use",
+                        (hit.memory_id,), SlotOffered(task.task_id, slot.name, value, hit.memory_id))
             _, refused = slot.validator.extract(" ".join([task.text, *task.answers]))
             question = f"{refused[0].upper()}{refused[1:]}. {slot.question}" if refused else slot.question
-            return await self._commit(session, [self._say(session, question, Handling.QUESTION),
-                                                StateChanged(State.ROUTING, State.IDLE, f"slot {slot.name} missing",
-                                                             task_id=task.task_id)])
+            return await self._ask(session, question, f"slot {slot.name} missing")
         return None
+
+    async def _from_memory(self, session: Session, slot, user_id: str) -> tuple[MemoryHit, str] | None:
+        """The best memory under the slot's key holding a valid value: an L1 one first, else an L2 one ("confirm
+        before use") the user has not declined in this task; L3 memories are advisory and never fill a slot."""
+        task = session.task
+        query = f"{task.text} {slot.memory_key.replace('_', ' ')}"
+        hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, query, 10)
+        usable = []
+        for hit in hits:
+            if hit.key != slot.memory_key or hit.memory_id in task.declined or not (hit.strong or hit.must_confirm):
+                continue
+            value = slot.validator.extract(hit.content)[0]
+            if value is not None:
+                usable.append((hit, value))
+        return next((u for u in usable if u[0].strong), usable[0] if usable else None)
+
+    async def _ask(self, session: Session, question: str, reason: str, citations: tuple[str, ...] = (),
+                   *first: SessionEvent) -> Session:
+        return await self._commit(session, [*first, self._say(session, question, Handling.QUESTION, citations),
+                                             StateChanged(State.ROUTING, State.IDLE, reason,
+                                                          task_id=session.task.task_id)])
 
     async def _call(self, session: Session, tool: str, arguments: dict, user_id: str, verify_field: str) -> Session:
         task = session.task

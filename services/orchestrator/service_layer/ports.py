@@ -67,6 +67,10 @@ class MemoryWriter(Protocol):
         """Record an outcome (expected or actual, of a call between agents) as a step memory; its id."""
         ...
 
+    async def confirm(self, tenant_id: str, user_id: str, memory_id: str, reason: str) -> None:
+        """The user confirmed an L2 memory: it becomes L1 (used without asking from then on)."""
+        ...
+
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         """Summarise the session's turns not yet covered into one memory when they fill enough of a window of
         `window_tokens` (the memory-writer's trigger); the summary's id, or "" when nothing was due."""

@@ -44,6 +44,7 @@ from services.orchestrator.domain.context import Budget, ContextInput, TokenCoun
 from services.orchestrator.domain.grounding import Source, check_reply
 from services.orchestrator.domain.interrupts import InterruptDetector
 from services.orchestrator.domain.rulebook import RuleBook
+from services.orchestrator.service_layer.delegation import AgentClient, Compensation, Delegate, Expectation, delegate
 from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
     CallStatus,
@@ -77,6 +78,7 @@ class Agent:
     # A timed-out call the gateway says is still running is asked about again for this long before it
     # counts as not done (and may be retried).
     verify_seconds: float = 5.0
+    agents: AgentClient | None = None  # other agents (A2A) a rule or a decision may delegate to
     clock: Callable[[], float] = time.time
     counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
     budget: Budget = field(default_factory=Budget)
@@ -207,8 +209,13 @@ class Agent:
             return await self._commit(session, [StateChanged(State.PARSING, State.LLM_DECIDE, "no rule matched",
                                                              task_id=task.task_id)])
         intent = book.intents.get(rule.intent)
+        arguments = "{}"
+        if rule.action == "delegate":  # what the agent is asked, decided now (replay never re-decides it)
+            spec = book.agents[rule.agent]
+            asked = _fill(spec.text, {"message": task.text, "rest": rule.rest(task.text)})
+            arguments = json.dumps({"agent": rule.agent, "text": asked}, ensure_ascii=False)
         events: list[SessionEvent] = [DecisionMade(task.task_id, f"rule:{rule.name}", rule.action, rule.intent,
-                                                   intent.tool if intent else "", text=rule.reply)]
+                                                   intent.tool if intent else "", arguments, text=rule.reply)]
         for slot in intent.slots if intent else ():
             value, _refused = slot.validator.extract(task.text)
             if value is not None:
@@ -267,6 +274,8 @@ class Agent:
                                                 TaskEnded(tid, Outcome.BLOCKED, decision.decided_by),
                                                 StateChanged(State.ROUTING, State.IDLE,
                                                              f"risk block by {decision.decided_by}")])
+        if decision.action == "delegate":
+            return await self._delegate(session, user_id)
         if decision.action in ("reply", "ask"):
             return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
                                                              f"{decision.action} decided by {decision.decided_by}",
@@ -410,6 +419,47 @@ class Agent:
         except (OSError, ValueError, RuntimeError) as exc:  # memory is advisory here; the turn goes on
             log.warning("the step result was not written to memory", step_id=step_id, error=str(exc))
 
+    # --- ROUTING a delegation: another agent, its outcome checked, compensated on a mismatch ------------------
+
+    async def _delegate(self, session: Session, user_id: str) -> Session:
+        task, book = session.task, self.rules()
+        asked = json.loads(task.decision.arguments_json)
+        spec = book.agents.get(asked.get("agent", ""))
+        if task.delegation is None:
+            if spec is None or self.agents is None:
+                why = "no agent client is configured" if spec is not None else \
+                    f"agent {asked.get('agent')!r} is no longer declared in the rules"
+                return await self._hand_over(session, book.template("human"), f"cannot delegate: {why}")
+            await delegate(Delegate(session.tenant_id, user_id, session.session_id, spec.url, asked["text"],
+                                    Expectation(spec.expect_state, spec.reply_contains),
+                                    Compensation(spec.compensation_tool, spec.compensation_arguments)),
+                           self.sessions, self.memory, self.agents, self.gateway, self.tool_deadline_seconds)
+            session = await self.sessions.load(session.tenant_id, session.session_id)
+            if not session.busy_with(task.task_id, State.ROUTING):
+                return session  # interrupted meanwhile: the delegation's steps are recorded, the task is gone
+        d = session.task.delegation
+        name = spec.name if spec else asked.get("agent", "")
+        if d is None or not d.settled():  # its runner stopped half-way: what the agent did cannot be known here
+            return await self._hand_over(session, _fill(book.template("delegation_unsettled"), {"agent": name}),
+                                         f"the delegation to {name} was left unfinished")
+        if d.matched:
+            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
+                                                             f"the delegation to {name} delivered what was expected",
+                                                             task_id=task.task_id)])
+        if d.compensation == "ok":
+            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
+                                                             f"the delegation to {name} mismatched ({d.reason}); "
+                                                             "compensated", task_id=task.task_id)])
+        return await self._hand_over(session, _fill(book.template("delegation_unsettled"), {"agent": name}),
+                                     f"the delegation to {name} mismatched ({d.reason}) and its compensation "
+                                     f"ended {d.compensation}")
+
+    async def _hand_over(self, session: Session, text: str, reason: str) -> Session:
+        tid = session.task.task_id
+        return await self._commit(session, [self._say(session, text, Handling.REPLY),
+                                            TaskEnded(tid, Outcome.ESCALATED, reason),
+                                            StateChanged(session.state, State.ESCALATE_TO_HUMAN, reason)])
+
     # --- FALLBACK: retry, or after three tries hand over ----------------------------------------------------
 
     async def _fallback(self, session: Session, user_id: str) -> Session:
@@ -472,6 +522,8 @@ class Agent:
     async def _generate(self, session: Session, user_id: str) -> Session:
         task, book = session.task, self.rules()
         decision = task.decision
+        if decision.action == "delegate":
+            return await self._generate_delegated(session, user_id)
         intent = book.intents.get(decision.intent)
         done = [a for a in task.actions if a.outcome == Outcome.OK]
         sources = [Source(a.action_id, a.result_json) for a in done]
@@ -499,6 +551,29 @@ class Agent:
                        StateChanged(State.GENERATING, State.IDLE, reason)]
         after = await self._commit(session, events)
         if after.version > session.version and decision.action != "ask":
+            await self._record_turn(session, user_id, reply)
+        return after
+
+    async def _generate_delegated(self, session: Session, user_id: str) -> Session:
+        """The agent's own reply when it delivered what was expected; else what went wrong and what undid it."""
+        task, book = session.task, self.rules()
+        d = task.delegation
+        agent = json.loads(task.decision.arguments_json).get("agent", "")
+        if d.matched:
+            reply, sources, outcome = d.reply, [Source(d.actual_memory_id or d.delegation_id, d.reply)], Outcome.DONE
+            reason = f"replied with the answer of {agent}"
+        else:
+            tool = next((a.compensation_tool for a in book.agents.values() if a.name == agent), "") or "its compensation"
+            reply = _fill(book.template("delegation_failed"), {"agent": agent, "reason": d.reason, "tool": tool})
+            sources, outcome = [Source(d.delegation_id, f"{agent} {d.reason} {tool}")], Outcome.COMPENSATED
+            reason = f"the delegation to {agent} mismatched ({d.reason}); compensated"
+        problems = check_reply(reply, sources, [], book.max_reply_chars)
+        if problems:
+            reply, reason = book.template("unknown"), f"reply replaced by a template: {'; '.join(problems)}"
+        after = await self._commit(session, [self._say(session, reply, Handling.REPLY, tuple(s.ref for s in sources)),
+                                              TaskEnded(task.task_id, outcome, reason),
+                                              StateChanged(State.GENERATING, State.IDLE, reason)])
+        if after.version > session.version:
             await self._record_turn(session, user_id, reply)
         return after
 

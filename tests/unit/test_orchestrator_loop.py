@@ -24,6 +24,7 @@ from services.orchestrator.domain import (
     State,
     StateChanged,
     TaskEnded,
+    TaskStarted,
     Versioned,
 )
 from services.orchestrator.domain.rulebook import parse_rulebook
@@ -264,6 +265,27 @@ async def test_a_refusal_asks_for_the_value_and_the_memory_is_not_offered_again(
     assert (slot.value, slot.source) == ("B77777", "answer")
     assert world.tools.calls[0][1] == {"order_id": "B77777"} and world.memory.confirmed == []
     assert answered.task is None
+
+
+@pytest.mark.parametrize(("answer", "value"), [("No, not that one", None), ("no, it is B54321", "B54321"),
+                                               ("不对，是B54321", "B54321"), ("不是，不是这个", None)])
+async def test_a_no_that_opens_like_a_redirect_answers_the_offer(world, answer: str, value: str | None) -> None:
+    world.memory.remember("u1", "m-l2", "order A12345", "order_id", strong=False, must_confirm=True)
+    await world.say("where is my order?")
+    session = await world.say(answer)
+    assert session.messages[-2].handling == Handling.ANSWER  # not a redirect: the task is the same
+    [declined] = await world.events(SlotDeclined)
+    assert declined.memory_id == "m-l2" and len(await world.events(TaskStarted)) == 1
+    assert [c[1] for c in world.tools.calls] == ([{"order_id": value}] if value else [])
+
+
+async def test_a_redirect_to_a_new_request_while_an_offer_is_open_stays_a_redirect(world) -> None:
+    world.memory.remember("u1", "m-l2", "order A12345", "order_id", strong=False, must_confirm=True)
+    await world.say("where is my order?")
+    session = await world.say("不对，先查发票 B54321")
+    assert session.messages[2].handling == Handling.REDIRECT
+    assert not await world.events(SlotDeclined) and len(await world.events(TaskStarted)) == 2
+    assert world.tools.calls[0][:2] == ("billing.get_invoice", {"order_id": "B54321"})
 
 
 async def test_an_answer_that_is_neither_yes_nor_no_asks_again_and_a_new_value_replaces_the_offer(world) -> None:

@@ -92,7 +92,8 @@ class GrpcMemoryWriter:
             tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
             layer=common_pb2.MEMORY_LAYER_STEP, source=common_pb2.SOURCE_KIND_AUTHORITATIVE_API,
             confidence=common_pb2.CONFIDENCE_L1_STRONG, content=content[:16_000], tags=list(tags),
-            derived_from=list(derived_from), idempotency_key=idempotency_key[:128])
+            derived_from=list(derived_from), idempotency_key=idempotency_key[:128],
+            step_id=idempotency_key[:128])  # the step layer needs one; the key is unique per outcome
         try:
             reply = await self.stub.Write(request, timeout=self.timeout,
                                           metadata=self.tokens.metadata(tenant_id, "memory:write"))

@@ -42,7 +42,7 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.domain.context import Budget, ContextInput, TokenCounter, build_context
 from services.orchestrator.domain.grounding import Source, check_reply
-from services.orchestrator.domain.interrupts import InterruptDetector
+from services.orchestrator.domain.interrupts import Interrupt, InterruptDetector, Kind
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.delegation import AgentClient, Compensation, Delegate, Expectation, delegate
 from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
@@ -119,6 +119,24 @@ class Agent:
         if self._detector is None or self._detector[0] is not book:
             self._detector = (book, InterruptDetector(book.phrases))
         return self._detector[1]
+
+    def unless_answering(self, session: Session, text: str, interrupt: Interrupt | None) -> Interrupt | None:
+        """The interrupt, unless the message answers the offer of a remembered value: "no, not that one" and
+        "no, it is B54321" open like a redirect ("no, ...") but answer the question ("shall I use A12345?").
+        A redirect whose rest is a request a rule recognises ("不对，先查发票 B54321") stays a redirect."""
+        task = session.task
+        if interrupt is None or interrupt.kind != Kind.REDIRECT or task is None or not task.offers \
+                or session.state != State.IDLE or task.decision is None:
+            return interrupt
+        book = self.rules()
+        intent = book.intents.get(task.decision.intent)
+        validators = [s.validator for s in intent.slots if s.name in task.offers] if intent else []
+        if book.confirm.classify(text) is not None and (
+                book.confirm.classify(interrupt.rest) is not None  # "no, not that one"
+                or (any(v.extract(interrupt.rest)[0] is not None for v in validators)  # "no, it is B54321"
+                    and book.match(interrupt.rest) is None)):  # ...and not "no, check the invoice of B54321"
+            return None
+        return interrupt
 
     async def advance(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
         """Run the session's open task (and then any queued message) until it waits for the user."""

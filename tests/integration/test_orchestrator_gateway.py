@@ -38,7 +38,7 @@ from services.orchestrator.adapters.grpc_ports import GrpcToolGateway
 from services.orchestrator.adapters.local import LocalMemory
 from services.orchestrator.adapters.repository import EventSourcedSessions
 from services.orchestrator.adapters.rules_file import RulesFile
-from services.orchestrator.domain import ActionFinished, ActionStarted, Outcome, Session, State
+from services.orchestrator.domain import ActionFinished, ActionStarted, Outcome, Session, State, TaskEnded
 from services.orchestrator.service_layer.agent import Agent
 from services.orchestrator.service_layer.handlers import SendMessage, send_message
 
@@ -56,6 +56,8 @@ class Orders:
     calls: list[str] = field(default_factory=list)
     slow_first: int = 0
     slow_seconds: float = 0.0
+    hang: bool = False  # answer only when the caller has gone (then record that it went)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def backend(self) -> str:
@@ -68,6 +70,11 @@ async def orders() -> AsyncIterator[Orders]:
 
     async def order(request: Request) -> JSONResponse:
         state.calls.append(request.path_params["order_id"])
+        while state.hang:  # the upstream of a call the caller cancels: it sees the connection go
+            if await request.is_disconnected():
+                state.gone.set()
+                return JSONResponse({}, 499)
+            await asyncio.sleep(0.02)
         if len(state.calls) <= state.slow_first:
             await asyncio.sleep(state.slow_seconds)
         return JSONResponse({"order_id": request.path_params["order_id"], "status": "shipped", "eta": "2026-03-14"})
@@ -103,7 +110,7 @@ class Loop:
 
 @pytest.fixture
 async def loop(gateway: Gateway, orders: Orders, db: Database) -> AsyncIterator[Loop]:
-    await register(gateway, "orders.get_status", input_schema=ORDER_INPUT, backend=orders.backend, timeout_seconds=5)
+    await register(gateway, "orders.get_status", input_schema=ORDER_INPUT, backend=orders.backend, timeout_seconds=60)
     sessions = EventSourcedSessions(db, EventStore(db, stream_poll_seconds=0.2), Outbox(db), SnapshotStore(100))
     memory = LocalMemory()
 
@@ -153,3 +160,24 @@ async def test_a_call_the_gateway_says_failed_is_retried_once_verified(loop: Loo
 async def test_a_call_with_no_record_at_the_gateway_is_not_taken_for_done(loop: Loop) -> None:
     status = await loop.port.status("acme", "no-such-step")
     assert status.state == "unknown" and status.result == {}
+
+
+@pytest.mark.parametrize("stop", ["forget it", "算了"])
+async def test_a_hard_stop_from_another_device_cancels_the_call_in_flight_down_to_the_upstream(
+        loop: Loop, orders: Orders, stop: str) -> None:
+    orders.hang = True
+    loop.agent.tool_deadline_seconds = 20  # the call would run long; only the stop ends it
+    turn = asyncio.create_task(loop.say("Where is order A12345?", "stopped"))
+    with anyio.fail_after(10):
+        while not orders.calls:  # the call reached the upstream through the gateway
+            await anyio.sleep(0.02)
+    stopped = await send_message(SendMessage("acme", "u1", "stopped", "phone", stop), loop.sessions, loop.agent)
+    with anyio.fail_after(3):  # well before any deadline (the tool's 60 s, the call's 20 s)
+        await orders.gone.wait()  # the cancellation reached the gateway, and from it the upstream
+        session = await turn
+    assert stopped.state == session.state == State.IDLE and session.task is None
+    [finished] = await loop.events("stopped", ActionFinished)
+    [ended] = await loop.events("stopped", TaskEnded)
+    assert finished.outcome == Outcome.CANCELLED and ended.outcome == Outcome.CANCELLED
+    assert orders.calls == ["A12345"]  # and nothing called it again
+    assert (await loop.port.status("acme", finished.action_id)).state != "done"

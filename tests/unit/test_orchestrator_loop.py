@@ -438,6 +438,62 @@ async def test_messages_sent_while_a_task_runs_are_kept_and_answered_in_order(wo
     assert final.messages[-1].text.startswith("Hello!")
 
 
+# --- the whole state machine: every transition, each with its reason ---------------------------------------
+
+# Every transition of the session's state machine (the issue's IDLE → PARSING → ROUTING | LLM_DECIDE →
+# GENERATING → IDLE, FALLBACK → ESCALATE_TO_HUMAN, PAUSED, and the interrupts' exits).
+MACHINE = {
+    ("IDLE", "PARSING"), ("PARSING", "ROUTING"), ("PARSING", "LLM_DECIDE"), ("LLM_DECIDE", "ROUTING"),
+    ("ROUTING", "GENERATING"), ("GENERATING", "IDLE"), ("ROUTING", "IDLE"), ("ROUTING", "FALLBACK"),
+    ("FALLBACK", "ROUTING"), ("FALLBACK", "ESCALATE_TO_HUMAN"), ("ROUTING", "ESCALATE_TO_HUMAN"),
+    ("ESCALATE_TO_HUMAN", "IDLE"), ("ROUTING", "PAUSED"), ("PAUSED", "ROUTING"), ("PAUSED", "IDLE"),
+    ("IDLE", "PAUSED"), ("ROUTING", "PARSING"),
+}
+
+
+async def _every_path(world: World) -> None:
+    async def hanging() -> tuple[asyncio.Task, asyncio.Event]:
+        world.tools.started.clear()
+        return await _start_a_hanging_call(world)
+
+    await world.say("where is my order A12345?")                    # the rule path, a grounded reply
+    await world.say("what is my favourite colour?")                  # no rule: LLM_DECIDE (the planner)
+    await world.say("where is my order?")                            # a question: ROUTING -> IDLE
+    await world.say("wait")                                          # paused while the question is open
+    await world.say("go on")                                         # ...and back to waiting for the answer
+    await world.say("B77777")                                        # the answer: IDLE -> PARSING
+    await world.say("I want a refund")                               # a person must answer
+    await world.say("cancel")                                        # a hard stop takes it back
+    turn, release = await hanging()
+    await world.say("hold on")                                       # ROUTING -> PAUSED, a call in flight
+    release.set()
+    await turn                                                       # its result is kept while paused
+    await world.say("continue")                                      # PAUSED -> ROUTING, and the reply
+    turn, _ = await hanging()
+    await world.say("wait, check the invoice instead")               # a redirect: ROUTING -> PARSING
+    await turn
+    await world.say("算了")                                           # the new task's question dropped
+    turn, _ = await hanging()
+    await world.say("等一下")
+    await world.say("取消")                                           # PAUSED -> IDLE
+    await turn
+
+    async def broken(args):
+        raise ToolFailure("backend down")
+    world.tools.handlers["orders.get_status"] = broken
+    await world.say("status of order A12345")                        # FALLBACK, three tries, a person
+
+
+async def test_every_transition_of_the_state_machine_happens_and_none_other(world) -> None:
+    with anyio.fail_after(20):
+        await _every_path(world)
+    changes = await world.events(StateChanged)
+    assert {(c.from_state, c.to_state) for c in changes} == MACHINE
+    assert all(c.reason for c in changes)  # each with its reason
+    for a, b in zip(changes, changes[1:], strict=False):  # and they chain: each starts where the last ended
+        assert b.from_state == a.to_state, (a, b)
+
+
 # --- replay and snapshots ----------------------------------------------------------------------------------
 
 

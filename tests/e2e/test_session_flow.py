@@ -417,3 +417,35 @@ def test_a_delegation_that_misses_its_expected_outcome_runs_the_declared_compens
                                    "'delivered'), so I undid it with orders.cancel.")
     [ended] = [e.task_ended for e in events if e.HasField("task_ended")]
     assert ended.outcome == "compensated"
+
+
+def test_the_running_orchestrator_reloads_its_rules_file_and_keeps_its_rules_when_a_bad_one_is_saved(
+        mesh: Mesh) -> None:
+    """Hot reload in the running service (its watch task), not a reload called by hand."""
+    path = Path(mesh.env["MNEMESH_ORCHESTRATOR_RULES_FILE"])
+    original = path.read_text(encoding="utf-8")
+    rules = yaml.safe_load(original)
+    rules["rules"].insert(0, {"name": "ping", "action": "reply", "keywords": ["ping"],
+                              "reply": "Pong, from rules saved while the mesh runs."})
+
+    def answer(text: str) -> str:
+        return replies(session_events(mesh, session_id))[-1] if send(mesh, session_id, text) else ""
+
+    try:
+        session_id = f"reload-{uuid.uuid4().hex[:8]}"
+        assert answer("ping") != "Pong, from rules saved while the mesh runs."
+        path.write_text(yaml.safe_dump(rules, allow_unicode=True, sort_keys=False), encoding="utf-8")
+        deadline = time.monotonic() + 15
+        while answer("ping") != "Pong, from rules saved while the mesh runs.":  # checked every second
+            assert time.monotonic() < deadline, "the new rules were never used"
+            time.sleep(0.5)
+
+        path.write_text(original.replace("action: block", "action: explode", 1), encoding="utf-8")
+        log = Path(mesh.env["MNEMESH_DATA_DIR"]) / "logs" / "orchestrator.log"
+        deadline = time.monotonic() + 15
+        while "action 'explode' must be one of" not in log.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, "the bad rules file was never refused"
+            time.sleep(0.2)
+        assert answer("ping") == "Pong, from rules saved while the mesh runs."  # the rules in use stayed
+    finally:
+        path.write_text(original, encoding="utf-8")

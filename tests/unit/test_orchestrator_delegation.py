@@ -49,7 +49,7 @@ async def test_the_expected_outcome_is_recorded_before_the_call_and_its_id_sent_
                                                                               "mnemesh.actual_memory_id": "a-1"}))
     assert result.matched and result.compensated == ""
     [expected_id] = memory.outcomes
-    assert agent.sent == [{"mnemesh.expected_memory_id": expected_id}]
+    assert agent.sent == [{"mnemesh.expected_memory_id": expected_id, "mnemesh.delegation_depth": 1}]
     assert '"reply_contains": ["booked"]' in memory.outcomes[expected_id]["content"]
 
 
@@ -207,3 +207,13 @@ def test_a_bad_delegation_in_the_rules_file_is_refused_with_its_line(text: str, 
     with pytest.raises(RulesError) as refused:
         parse_rulebook(text)
     assert (refused.value.line, refused.value.reason) == (line, reason)
+
+
+async def test_a_delegation_made_while_serving_a_delegated_message_goes_one_deeper() -> None:
+    from services.orchestrator.service_layer.delegation import DEPTH_KEY, delegation_depth
+    served = delegation_depth.set(2)
+    try:
+        _, _, agent, _ = await run(AgentAnswer("booked", {"mnemesh.state": "IDLE", "mnemesh.actual_memory_id": "a"}))
+    finally:
+        delegation_depth.reset(served)
+    assert agent.sent[0][DEPTH_KEY] == 3

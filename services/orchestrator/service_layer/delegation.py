@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -27,11 +28,17 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.service_layer.ports import MemoryWriter, SessionRepository, ToolGateway
 
-__all__ = ["EXPECTED_KEY", "AgentAnswer", "AgentClient", "Compensation", "Delegate", "Delegated", "Expectation",
-           "OutcomeRecorder", "delegate"]
+__all__ = ["DEPTH_KEY", "EXPECTED_KEY", "MAX_DEPTH", "AgentAnswer", "AgentClient", "Compensation", "Delegate",
+           "Delegated", "Expectation", "OutcomeRecorder", "delegate", "delegation_depth"]
 
 EXPECTED_KEY = "mnemesh.expected_memory_id"
 ACTUAL_KEY = "mnemesh.actual_memory_id"
+# How many delegations deep the turn being served is (0: a user's own message): sent along +1 with each
+# delegation, and an agent refuses a message deeper than MAX_DEPTH, so agents that delegate to each other
+# (or one to itself, by a rules mistake) cannot call round forever.
+DEPTH_KEY = "mnemesh.delegation_depth"
+MAX_DEPTH = 3
+delegation_depth: ContextVar[int] = ContextVar("delegation_depth", default=0)
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWri
                                    json.dumps(asdict(cmd.compensation), ensure_ascii=False, sort_keys=True)))
     try:
         answer = await agents.send(cmd.agent, cmd.tenant_id, cmd.context_id or delegation_id, cmd.text,
-                                   {EXPECTED_KEY: expected_id})
+                                   {EXPECTED_KEY: expected_id, DEPTH_KEY: delegation_depth.get() + 1})
     except (OSError, RuntimeError, ValueError) as exc:
         reasons = [f"the agent did not answer: {exc}"[:500]]
         await record(DelegationAnswered(delegation_id, "", reason=reasons[0]))

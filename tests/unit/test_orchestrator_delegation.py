@@ -217,3 +217,34 @@ async def test_a_delegation_made_while_serving_a_delegated_message_goes_one_deep
     finally:
         delegation_depth.reset(served)
     assert agent.sent[0][DEPTH_KEY] == 3
+
+
+async def test_a_hard_stop_cancels_the_call_to_the_agent_and_the_compensation_runs() -> None:
+    import asyncio
+
+    import anyio
+
+    from services.orchestrator.domain import CompensationFinished, DelegationAnswered, Outcome, State, TaskEnded
+    agent, sessions, tools, agents = loop_world(AgentAnswer("never sent"))
+    calling, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hangs(agent_url, tenant_id, context_id, text, metadata):
+        calling.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+    agents.send = hangs
+    turn = asyncio.create_task(say(agent, sessions, "ask the order desk: where is A12345?"))
+    with anyio.fail_after(5):
+        await calling.wait()
+        stopped, _ = await say(agent, sessions, "算了")
+        await cancelled.wait()  # the call to the other agent was cancelled
+        session, events = await turn
+    assert stopped.state == session.state == State.IDLE
+    [answered] = [e for e in events if isinstance(e, DelegationAnswered)]
+    assert "stopped while the agent worked" in answered.reason
+    [compensated] = [e for e in events if isinstance(e, CompensationFinished)]
+    assert compensated.outcome == "ok" and [c[0] for c in tools.calls] == ["orders.cancel"]
+    assert [e.outcome for e in events if isinstance(e, TaskEnded)] == [Outcome.CANCELLED]  # nothing said after

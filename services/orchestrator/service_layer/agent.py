@@ -451,7 +451,8 @@ class Agent:
             await delegate(Delegate(session.tenant_id, user_id, session.session_id, spec.url, asked["text"],
                                     Expectation(spec.expect_state, spec.reply_contains),
                                     Compensation(spec.compensation_tool, spec.compensation_arguments)),
-                           self.sessions, self.memory, self.agents, self.gateway, self.tool_deadline_seconds)
+                           self.sessions, self.memory, self.agents, self.gateway, self.tool_deadline_seconds,
+                           stopped=lambda: self._cancelled(session, task.task_id, ""))
             session = await self.sessions.load(session.tenant_id, session.session_id)
             if not session.busy_with(task.task_id, State.ROUTING):
                 return session  # interrupted meanwhile: the delegation's steps are recorded, the task is gone

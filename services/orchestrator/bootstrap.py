@@ -11,6 +11,7 @@ from libs.http import serve_asgi
 from libs.rpc.client import channel
 from libs.runtime import ServiceContext
 from libs.snapshots import SnapshotStore
+from services.orchestrator.adapters.a2a_client import A2AAgents
 from services.orchestrator.adapters.grpc_ports import GrpcMemoryWriter, GrpcRetriever, GrpcToolGateway
 from services.orchestrator.adapters.llm import OpenAICompatible
 from services.orchestrator.adapters.local import LocalMemory, LocalTools
@@ -50,7 +51,8 @@ async def bootstrap(ctx: ServiceContext) -> None:
         GrpcRetriever(channels["retriever"], issue) if "retriever" in channels else local_memory,
         GrpcToolGateway(channels["tools"], issue) if "tools" in channels else LocalTools(),
         memory,
-        llm, own.tool_deadline_seconds, own.turn_lease_seconds)
+        llm, own.tool_deadline_seconds, own.turn_lease_seconds, verify_seconds=own.verify_seconds,
+        agents=A2AAgents(issue))
     ctx.closers.append(agent.drain)  # closed first (closers run in reverse): turns end before the channels
     ctx.tasks.append(lambda: rules.watch(own.rules_check_seconds))
     ctx.add_grpc(grpc_api.registration(sessions, agent))

@@ -22,6 +22,9 @@ class OrchestratorSettings(BaseSettings):
     # A busy turn that has not moved for this long lost its runner (a process that died mid-turn) and is
     # taken over by the next Send. Must exceed the tool deadline (and an LLM decision, when one is configured).
     turn_lease_seconds: float = Field(60.0, gt=0, le=3600)
+    # A timed-out call the gateway still reports running is asked about again for this long (GetCall by its
+    # chain id) before it counts as not done and may be retried.
+    verify_seconds: float = Field(5.0, ge=0, le=600)
     # Empty: the in-process fixture tools and memory (development); else host:port of the service.
     tool_gateway: str = ""
     retriever: str = ""
@@ -37,8 +40,9 @@ class OrchestratorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _lease_outlasts_a_call(self) -> OrchestratorSettings:
-        if self.turn_lease_seconds <= self.tool_deadline_seconds + 1:
+        if self.turn_lease_seconds <= self.tool_deadline_seconds + self.verify_seconds + 1:
             raise ValueError(f"MNEMESH_ORCHESTRATOR_TURN_LEASE_SECONDS ({self.turn_lease_seconds:g}) must exceed "
-                             f"MNEMESH_ORCHESTRATOR_TOOL_DEADLINE_SECONDS ({self.tool_deadline_seconds:g}) + 1: a "
+                             f"MNEMESH_ORCHESTRATOR_TOOL_DEADLINE_SECONDS ({self.tool_deadline_seconds:g}) + "
+                             f"MNEMESH_ORCHESTRATOR_VERIFY_SECONDS ({self.verify_seconds:g}) + 1: a "
                              "call in flight would look like a dead runner")
         return self

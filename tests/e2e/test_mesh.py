@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -97,9 +97,13 @@ class Mesh:
 
     @classmethod
     @contextmanager
-    def running(cls, data_dir: Path, stop_timeout: float = 15) -> Iterator[Mesh]:
-        """A healthy mesh for the body, stopped after it whatever happens."""
+    def running(cls, data_dir: Path, stop_timeout: float = 15,
+                configure: Callable[[Mesh], None] | None = None) -> Iterator[Mesh]:
+        """A healthy mesh for the body, stopped after it whatever happens; `configure` may change its
+        environment (its ports are chosen) before it starts."""
         mesh = cls(data_dir)
+        if configure is not None:
+            configure(mesh)
         mesh.start()
         try:
             mesh.wait_healthy()

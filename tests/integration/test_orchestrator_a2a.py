@@ -31,22 +31,27 @@ from services.orchestrator.adapters.a2a_client import A2AAgents
 from services.orchestrator.adapters.local import LocalMemory, LocalTools
 from services.orchestrator.adapters.repository import EventSourcedSessions
 from services.orchestrator.adapters.rules_file import RulesFile
+from services.orchestrator.domain.rulebook import parse_rulebook
 from services.orchestrator.domain import (
     CompensationFinished,
+    State,
     DelegationAnswered,
     DelegationChecked,
     DelegationStarted,
+    TaskEnded,
 )
 from services.orchestrator.entrypoints import a2a
 from services.orchestrator.service_layer.agent import Agent
 from services.orchestrator.service_layer.delegation import (
+    DEPTH_KEY,
+    MAX_DEPTH,
     Compensation,
     Delegate,
     Expectation,
     OutcomeRecorder,
     delegate,
 )
-from services.orchestrator.service_layer.handlers import send_message
+from services.orchestrator.service_layer.handlers import SendMessage, send_message
 
 pytestmark = pytest.mark.integration
 
@@ -167,3 +172,61 @@ async def test_an_agent_that_does_not_answer_is_compensated_too(callee: Callee) 
     assert [type(e) for e in events] == [DelegationStarted, DelegationAnswered, DelegationChecked,
                                          CompensationFinished]
     assert len(tools.calls) == 1
+
+
+async def test_a_message_deeper_than_the_delegation_limit_is_refused(callee: Callee) -> None:
+    agents = A2AAgents(callee.issue)
+    answer = await agents.send(callee.base_url, "acme", "deep-3", "hello", {DEPTH_KEY: MAX_DEPTH})
+    assert answer.reply.startswith("Hello!")
+    with pytest.raises(ValueError, match=f"this message is {MAX_DEPTH + 1} delegations deep"):
+        await agents.send(callee.base_url, "acme", "deep-4", "hello", {DEPTH_KEY: MAX_DEPTH + 1})
+    with pytest.raises(ValueError, match="must be a whole number of delegations"):
+        await agents.send(callee.base_url, "acme", "deep-x", "hello", {DEPTH_KEY: "deep"})
+
+
+async def test_an_agent_whose_rules_delegate_to_itself_stops_at_the_depth_limit(db: Database) -> None:
+    """A rules mistake: every message is delegated to the same agent, which delegates it again. The chain is cut
+    at the depth limit, each level compensates, and the user's turn ends (with a person, as nothing delivered)."""
+    settings = load_settings(jwt_secret="a2a-test-secret-0123456789abcdef0123")
+    port = free_port()
+    book = parse_rulebook(f"""
+agents:
+  me:
+    url: http://127.0.0.1:{port}
+    text: "{{message}}"
+    expect: {{state: PAUSED}}
+    compensation: {{tool: orders.cancel, arguments: {{order_id: A1}}}}
+rules:
+  - {{name: loop, action: delegate, agent: me, keywords: [loop]}}
+""")
+    sessions = EventSourcedSessions(db, EventStore(db, stream_poll_seconds=1.0), Outbox(db), SnapshotStore(100))
+    memory, tools = LocalMemory(), LocalTools()
+
+    async def cancel(args: dict) -> dict:
+        return {"status": "cancelled"}
+    tools.handlers["orders.cancel"] = cancel
+
+    def issue(tenant_id: str, scopes: list[str]) -> str:
+        return issue_token(settings, subject="agent:me", tenant_id=tenant_id, scopes=scopes)
+    agent = Agent(sessions, lambda: book, memory, tools, memory, agents=A2AAgents(issue))
+    app = a2a.http_app(lambda cmd: send_message(cmd, sessions, agent), OutcomeRecorder(memory),
+                       TokenVerifier(settings), f"http://127.0.0.1:{port}{a2a.A2A_PATH}", "9.9.9")
+    server = asyncio.create_task(serve_asgi(app, host="127.0.0.1", port=port, port_setting="test"))
+    try:
+        with anyio.fail_after(60):
+            session = await send_message(SendMessage("acme", "u1", "user-loop", "web", "loop please"), sessions, agent)
+        events = [v.event for v in await sessions.history("acme", "user-loop")]
+        [checked] = [e for e in events if isinstance(e, DelegationChecked)]
+        assert session.state == State.IDLE and not checked.matched and "expected PAUSED" in checked.reason
+        assert [e.outcome for e in events if isinstance(e, TaskEnded)] == ["compensated"]
+        # Four levels compensated: the user's turn (depth 0) and three delegated ones, the deepest because its own
+        # delegation (depth 4) was refused; nothing went further.
+        assert len(tools.calls) == MAX_DEPTH + 1
+        # The deepest level's recorded outcome carries the refusal: its own delegation was 4 deep.
+        refused = [a for a in memory.outcomes.values() if "actual outcome" in a["content"]
+                   and f"this message is {MAX_DEPTH + 1} delegations deep" in a["content"]]
+        assert len(refused) == 1
+    finally:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server

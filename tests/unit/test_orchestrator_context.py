@@ -17,7 +17,7 @@ from services.orchestrator.service_layer.planner import DECISION_PROMPT
 
 BOOK = parse_rulebook(DEFAULT_RULES.read_text(encoding="utf-8"))
 COUNTER = packaged_tokenizer()
-SMALL = Budget(window=1200, system=300, tools=60, memory=120, history=80, task=60, min_reserve=200)
+SMALL = Budget(window=1200, system=360, tools=60, memory=120, history=80, task=60, min_reserve=200)
 
 
 def test_the_packaged_tokenizer_counts_real_tokens_in_english_and_chinese() -> None:

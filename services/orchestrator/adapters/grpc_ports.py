@@ -92,13 +92,23 @@ class GrpcMemoryWriter:
             tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id, session_id=session_id),
             layer=common_pb2.MEMORY_LAYER_STEP, source=common_pb2.SOURCE_KIND_AUTHORITATIVE_API,
             confidence=common_pb2.CONFIDENCE_L1_STRONG, content=content[:16_000], tags=list(tags),
-            derived_from=list(derived_from), idempotency_key=idempotency_key[:128])
+            derived_from=list(derived_from), idempotency_key=idempotency_key[:128],
+            step_id=idempotency_key[:128])  # the step layer needs one; the key is unique per outcome
         try:
             reply = await self.stub.Write(request, timeout=self.timeout,
                                           metadata=self.tokens.metadata(tenant_id, "memory:write"))
         except grpc.aio.AioRpcError as exc:
             raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
         return reply.memory_id
+
+    async def confirm(self, tenant_id: str, user_id: str, memory_id: str, reason: str) -> None:
+        request = memory_pb2.ConfirmRequest(tenant=common_pb2.TenantContext(tenant_id=tenant_id, user_id=user_id),
+                                            memory_id=memory_id, reason=reason[:500])
+        try:
+            await self.stub.Confirm(request, timeout=self.timeout,
+                                    metadata=self.tokens.metadata(tenant_id, "memory:write"))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"memory-writer: {exc.code().name}: {exc.details()}") from None
 
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         request = memory_pb2.CompressSessionRequest(
@@ -145,7 +155,7 @@ class GrpcToolGateway:
             return CallStatus("unknown")
         if reply.state == "done":
             return CallStatus("done", json_format.MessageToDict(reply.result))
-        return CallStatus("not_done" if reply.state in ("failed", "running") else "unknown")
+        return CallStatus(reply.state if reply.state in ("failed", "running") else "unknown")
 
     async def list_tools(self, tenant_id: str) -> list[ToolInfo]:
         response = await self.stub.ListTools(tools_pb2.ListToolsRequest(

@@ -89,6 +89,7 @@ class LocalMemory:
     turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # session -> (role, text, key)
     compressed: list[str] = field(default_factory=list)  # sessions whose compression was asked for
     outcomes: dict[str, dict] = field(default_factory=dict)  # memory id -> recorded outcome (agent to agent)
+    confirmed: list[str] = field(default_factory=list)  # memory ids the user confirmed (L2 -> L1)
 
     def remember(self, user_id: str, memory_id: str, content: str, key: str = "", *, strong: bool = True,
                  must_confirm: bool = False) -> None:
@@ -130,6 +131,14 @@ class LocalMemory:
         self.remember(user_id, memory_id, "\n".join(f"{role}: {text}" for role, text, _ in turns), strong=False,
                       must_confirm=True)
         return memory_id
+
+    async def confirm(self, tenant_id: str, user_id: str, memory_id: str, reason: str) -> None:
+        for i, (hit, owner) in enumerate(self.memories):
+            if hit.memory_id == memory_id and owner == user_id:
+                self.memories[i] = (MemoryHit(hit.memory_id, hit.content, hit.key, hit.score, False, True), owner)
+                self.confirmed.append(memory_id)
+                return
+        raise ValueError(f"memory {memory_id} of {user_id} not found")
 
     async def record_outcome(self, tenant_id: str, user_id: str, session_id: str, content: str, *,
                              tags: tuple[str, ...], derived_from: tuple[str, ...], idempotency_key: str) -> str:

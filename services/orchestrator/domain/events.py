@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 __all__ = ["BUSY", "ActionFinished", "ActionStarted", "DecisionMade", "Handling", "MessageAppended", "Outcome",
-           "SessionEvent", "SlotFilled", "State", "StateChanged", "TaskEnded", "TaskStarted", "TurnRecovered", "Versioned"]
+           "SessionEvent", "SlotDeclined", "SlotFilled", "SlotOffered", "State", "StateChanged", "TaskEnded", "TaskStarted", "TurnRecovered", "Versioned"]
 
 
 class State(StrEnum):
@@ -49,6 +49,7 @@ class Outcome(StrEnum):
     OK = "ok"
     ERROR = "error"
     TIMEOUT = "timeout"
+    COMPENSATED = "compensated"  # a delegation did not do what was expected; its compensation ran
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,36 @@ class SlotFilled:
 
 
 @dataclass(frozen=True)
+class SlotOffered:
+    """An L2 memory ("confirm before use") holds a value for a missing slot: it is offered to the user, who
+    must confirm it before it fills the slot."""
+
+    task_id: str
+    name: str
+    value: str
+    memory_id: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class SlotDeclined:
+    """The user did not confirm an offered memory value: the slot stays open and that memory is not offered
+    again for this task."""
+
+    task_id: str
+    name: str
+    memory_id: str
+    reason: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
 class DecisionMade:
     """What to do for a task, and who decided (a rule, the planner or the LLM), validated before it is recorded."""
 
     task_id: str
     decided_by: str      # rule:<name> | planner | llm
-    action: str          # tool | reply | ask | human | block
+    action: str          # tool | reply | ask | human | block | delegate (arguments_json: {"agent", "text"})
     intent: str = ""
     tool: str = ""
     arguments_json: str = "{}"
@@ -185,7 +210,8 @@ class CompensationFinished:
     event_id: str = ""
 
 
-SessionEvent = (MessageAppended | StateChanged | TaskStarted | TaskEnded | SlotFilled | DecisionMade
+SessionEvent = (MessageAppended | StateChanged | TaskStarted | TaskEnded | SlotFilled | SlotOffered | SlotDeclined
+                | DecisionMade
                 | ActionStarted | ActionFinished | TurnRecovered | DelegationStarted | DelegationAnswered
                 | DelegationChecked | CompensationFinished)
 

@@ -3,7 +3,9 @@
 Rules are tried top to bottom and the first match wins; a rule is a keyword list (whole words
 for Latin script, substrings for Chinese) and/or an RE2 regular expression (linear time).
 Actions: `human` (hand over), `block` (risk block: nothing else runs), `tool` (an intent whose
-tool is called once its slots are filled), `reply` (a fixed answer). A file that does not parse
+tool is called once its slots are filled), `reply` (a fixed answer), `delegate` (hand the request to
+another agent declared under `agents`, with the outcome expected of it and the compensation to run
+when it does not deliver it). A file that does not parse
 or names something wrong is refused with its line and the reason (`RulesError`).
 """
 
@@ -16,12 +18,13 @@ from typing import Any
 import yaml
 
 from libs.safe_schema import UnsupportedPattern, compile_pattern
+from services.orchestrator.domain.confirm import DEFAULT_CONFIRM, ConfirmPhrases
 from services.orchestrator.domain.interrupts import DEFAULT_PHRASES, Phrases
 from services.orchestrator.domain.slots import VALIDATORS, SlotValidator, pattern_validator
 
-__all__ = ["Intent", "Rule", "RuleBook", "RulesError", "SlotSpec", "parse_rulebook"]
+__all__ = ["AgentSpec", "Intent", "Rule", "RuleBook", "RulesError", "SlotSpec", "parse_rulebook"]
 
-ACTIONS = ("human", "block", "tool", "reply")
+ACTIONS = ("human", "block", "tool", "reply", "delegate")
 _MAX_RULES = 1_000
 
 
@@ -36,7 +39,7 @@ class SlotSpec:
     name: str
     validator: SlotValidator
     question: str
-    memory_key: str = ""  # look the value up in memory under this entity key
+    memory_key: str = ""  # look the value up in memory under this entity key (L1: used; L2: offered to confirm)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,21 @@ class Intent:
 
 
 @dataclass(frozen=True)
+class AgentSpec:
+    """Another agent the orchestrator may delegate to (A2A), what it must deliver, and the compensation."""
+
+    name: str
+    url: str                                  # its A2A base URL (the card is at /.well-known/agent-card.json)
+    description: str = ""
+    text: str = "{message}"                   # what it is asked: {message} the user's words, {rest} without the
+                                              # words that matched the rule
+    expect_state: str = "IDLE"                # the callee's session state after its turn
+    reply_contains: tuple[str, ...] = ()      # facts its reply must carry
+    compensation_tool: str = ""               # run through the gateway when the outcome does not match
+    compensation_arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     action: str
@@ -59,9 +77,18 @@ class Rule:
     reply: str = ""
     keywords: tuple[str, ...] = ()
     regex: str = ""
+    agent: str = ""
 
     def matches(self, text: str) -> bool:
         return any(compile_pattern(p).search(text) is not None for p in self._patterns())
+
+    def rest(self, text: str) -> str:
+        """The message without the first words that matched this rule (what a delegation passes on)."""
+        for pattern in self._patterns():
+            found = compile_pattern(pattern).search(text)
+            if found is not None:
+                return (text[:found.start()] + " " + text[found.end():]).strip(" ,，:：;；-") or text
+        return text
 
     def _patterns(self) -> list[str]:
         patterns = [self.regex] if self.regex else []
@@ -85,6 +112,8 @@ class RuleBook:
     intents: dict[str, Intent] = field(default_factory=dict)
     templates: dict[str, str] = field(default_factory=dict)
     max_reply_chars: int = 1_000
+    confirm: ConfirmPhrases = DEFAULT_CONFIRM
+    agents: dict[str, AgentSpec] = field(default_factory=dict)
 
     def match(self, text: str) -> Rule | None:
         return next((r for r in self.rules if r.matches(text)), None)
@@ -99,6 +128,10 @@ _TEMPLATES = {
     "unknown": "I could not find anything about that. Could you say it differently?",
     "failed": "The tool did not answer after three tries; a colleague will take over.",
     "ungrounded": "Here is what the tool returned: {result}",
+    "confirm_slot": "I have {value} on record as your {slot}. Shall I use it? (yes / no)",
+    "confirm_again": "Please answer yes or no: shall I use {value} as your {slot}?",
+    "delegation_failed": "The {agent} agent did not do what was expected ({reason}), so I undid it with {tool}.",
+    "delegation_unsettled": "The {agent} agent could not be checked or undone; a colleague will take over.",
 }
 
 
@@ -178,7 +211,7 @@ def parse_rulebook(text: str) -> RuleBook:
         raise RulesError(mark.line + 1 if mark else 1, f"not valid YAML: {exc.problem}") from None
     if not isinstance(root, _Map):
         raise RulesError(1, "the file must be a mapping with interrupts, rules, intents and templates")
-    unknown = set(root) - {"interrupts", "rules", "intents", "templates", "max_reply_chars"}
+    unknown = set(root) - {"interrupts", "confirm", "agents", "rules", "intents", "templates", "max_reply_chars"}
     if unknown:
         key = min(unknown)
         raise RulesError(root.lines[key], f"unknown section {key!r}")
@@ -187,19 +220,31 @@ def parse_rulebook(text: str) -> RuleBook:
         node = _get(root, "interrupts", dict)
         phrases = Phrases(**{k: _texts(node, k) or getattr(DEFAULT_PHRASES, k)
                              for k in ("soft", "hard", "resume", "redirect", "fillers")})
+    confirm = DEFAULT_CONFIRM
+    if "confirm" in root:
+        node = _get(root, "confirm", dict)
+        extra = set(node) - {"accept", "refuse"}
+        if extra:
+            raise RulesError(node.lines[min(extra)], f"confirm has only accept and refuse, not {min(extra)!r}")
+        confirm = ConfirmPhrases(_texts(node, "accept") or DEFAULT_CONFIRM.yes,
+                                 _texts(node, "refuse") or DEFAULT_CONFIRM.no)
     intents = {name: _intent(name, node, root["intents"].lines[name])
                for name, node in _get(root, "intents", dict, _Map()).items()}
-    rules = tuple(_rule(node, line, intents) for node, line in _rules(root))
+    agents = {name: _agent(name, node, root["agents"].lines[name])
+              for name, node in _get(root, "agents", dict, _Map()).items()}
+    rules = tuple(_rule(node, line, intents, agents) for node, line in _rules(root))
     templates = _get(root, "templates", dict, _Map())
     for name, value in templates.items():
         if name not in _TEMPLATES or not isinstance(value, str):
             raise RulesError(templates.lines[name], f"template {name!r} must be one of {sorted(_TEMPLATES)}, as text")
     max_chars = _get(root, "max_reply_chars", int, 1_000)
-    return RuleBook(phrases, rules, intents, dict(templates), max_chars)
+    return RuleBook(phrases, rules, intents, dict(templates), max_chars, confirm, agents)
 
 
 def _rules(root: _Map) -> list[tuple[_Map, int]]:
     items = _get(root, "rules", list, _List())
+    if not items:  # no rules (a file of phrases and templates only)
+        return []
     if len(items) > _MAX_RULES:
         raise RulesError(items.line, f"at most {_MAX_RULES} rules")
     for i, item in enumerate(items):
@@ -208,7 +253,7 @@ def _rules(root: _Map) -> list[tuple[_Map, int]]:
     return list(zip(items, items.lines, strict=True))
 
 
-def _rule(node: _Map, line: int, intents: dict[str, Intent]) -> Rule:
+def _rule(node: _Map, line: int, intents: dict[str, Intent], agents: dict[str, AgentSpec]) -> Rule:
     name = _get(node, "name", str, required=True)
     action = _get(node, "action", str, required=True)
     if action not in ACTIONS:
@@ -225,7 +270,32 @@ def _rule(node: _Map, line: int, intents: dict[str, Intent]) -> Rule:
     reply = _get(node, "reply", str, "")
     if action == "reply" and not reply:
         raise RulesError(line, f"rule {name!r}: a reply rule needs its reply")
-    return Rule(name, action, line, intent, reply, keywords, regex)
+    agent = _get(node, "agent", str, "")
+    if action == "delegate" and agent not in agents:
+        raise RulesError(node.lines.get("agent", line), f"rule {name!r}: agent {agent!r} is not declared under agents")
+    return Rule(name, action, line, intent, reply, keywords, regex, agent)
+
+
+def _agent(name: str, node: Any, line: int) -> AgentSpec:
+    if not isinstance(node, _Map):
+        raise RulesError(line, f"agent {name!r} must be a mapping with url, expect and compensation")
+    url = _get(node, "url", str, required=True)
+    if not url.startswith(("http://", "https://")):
+        raise RulesError(node.lines["url"], f"agent {name!r}: url must be the agent's A2A URL (http:// or https://)")
+    text = _get(node, "text", str, "{message}")
+    expect = _get(node, "expect", dict, _Map())
+    extra = set(expect) - {"state", "reply_contains"}
+    if extra:
+        raise RulesError(expect.lines[min(extra)],
+                         f"agent {name!r}: expect has state and reply_contains, not {min(extra)!r}")
+    compensation = _get(node, "compensation", dict, None)
+    if compensation is None:
+        raise RulesError(line, f"agent {name!r}: a delegation declares its compensation (tool and arguments), "
+                               "run when the agent does not deliver what is expected")
+    arguments = _get(compensation, "arguments", dict, _Map())
+    return AgentSpec(name, url, _get(node, "description", str, ""), text, _get(expect, "state", str, "IDLE"),
+                     _texts(expect, "reply_contains"), _get(compensation, "tool", str, required=True),
+                     dict(arguments))
 
 
 def _intent(name: str, node: Any, line: int) -> Intent:

@@ -16,12 +16,18 @@ from services.orchestrator.domain.events import (
     BUSY,
     ActionFinished,
     ActionStarted,
+    CompensationFinished,
     DecisionMade,
+    DelegationAnswered,
+    DelegationChecked,
+    DelegationStarted,
     Handling,
     MessageAppended,
     Outcome,
     SessionEvent,
+    SlotDeclined,
     SlotFilled,
+    SlotOffered,
     State,
     StateChanged,
     TaskEnded,
@@ -30,11 +36,11 @@ from services.orchestrator.domain.events import (
 )
 from services.orchestrator.domain.interrupts import Interrupt, Kind
 
-__all__ = ["SNAPSHOT_SCHEMA", "Action", "Session", "Task"]
+__all__ = ["SNAPSHOT_SCHEMA", "Action", "Delegation", "Session", "Task"]
 
 MAX_TEXT_CHARS = 8_000
 # Bump when the shape of Session.to_dict changes: older snapshots are then ignored (full replay).
-SNAPSHOT_SCHEMA = "session/2"
+SNAPSHOT_SCHEMA = "session/3"
 
 
 @dataclass
@@ -49,6 +55,25 @@ class Action:
 
 
 @dataclass
+class Delegation:
+    """A task's call to another agent, as its events tell it (see service_layer/delegation.py)."""
+
+    delegation_id: str
+    agent: str
+    reply: str = ""
+    actual_memory_id: str = ""
+    answered: bool = False
+    checked: bool = False
+    matched: bool = False
+    reason: str = ""
+    compensation: str = ""  # the compensation's outcome once it ran: ok | error | timeout
+
+    def settled(self) -> bool:
+        """Checked, and when it did not match, compensated (whatever the compensation's outcome)."""
+        return self.checked and (self.matched or bool(self.compensation))
+
+
+@dataclass
 class Task:
     task_id: str
     text: str
@@ -57,6 +82,9 @@ class Task:
     slots: dict[str, list[str]] = field(default_factory=dict)  # name -> [value, source]
     actions: list[Action] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)  # user answers to the task's questions, not yet parsed
+    offers: dict[str, list[str]] = field(default_factory=dict)  # slot -> [value, memory id] awaiting a yes/no
+    declined: list[str] = field(default_factory=list)  # memory ids the user did not confirm
+    delegation: Delegation | None = None
 
     def pending(self) -> list[Action]:
         return [a for a in self.actions if not a.outcome]
@@ -118,19 +146,43 @@ class Session:
             if self.task is not None and self.task.task_id == e.task_id:
                 self.task = None
                 self.tasks_ended += 1
+        elif isinstance(e, DelegationAnswered | DelegationChecked | CompensationFinished):
+            self._apply_delegation(e)
         elif self.task is None or self.task.task_id != e.task_id:
             return  # a late event of a task that ended: it changes nothing
         elif isinstance(e, DecisionMade):
             self.task.decision = e
         elif isinstance(e, SlotFilled):
             self.task.slots[e.name] = [e.value, e.source]
+            self.task.offers.pop(e.name, None)
             self.task.answers.clear()
+        elif isinstance(e, SlotOffered):
+            self.task.offers[e.name] = [e.value, e.memory_id]
+            self.task.answers.clear()
+        elif isinstance(e, SlotDeclined):
+            self.task.offers.pop(e.name, None)
+            self.task.declined.append(e.memory_id)
+            self.task.answers.clear()
+        elif isinstance(e, DelegationStarted):
+            self.task.delegation = Delegation(e.delegation_id, e.agent)
         elif isinstance(e, ActionStarted):
             self.task.actions.append(Action(e.action_id, e.tool, e.arguments_json, e.attempt))
         elif isinstance(e, ActionFinished):
             for action in self.task.actions:
                 if action.action_id == e.action_id and not action.outcome:
                     action.outcome, action.result_json, action.reason = e.outcome, e.result_json, e.reason
+
+    def _apply_delegation(self, e: DelegationAnswered | DelegationChecked | CompensationFinished) -> None:
+        d = self.task.delegation if self.task is not None else None
+        if d is None or d.delegation_id != e.delegation_id:
+            return  # a delegation outside the loop (or of a task that ended): recorded, changes nothing
+        if isinstance(e, DelegationAnswered):
+            d.answered, d.reply, d.actual_memory_id = True, e.reply, e.actual_memory_id
+            d.reason = e.reason
+        elif isinstance(e, DelegationChecked):
+            d.checked, d.matched, d.reason = True, e.matched, e.reason
+        else:
+            d.compensation = e.outcome
 
     # --- snapshots -------------------------------------------------------------------------------------------
 
@@ -140,7 +192,8 @@ class Session:
         if task is not None:
             task = Task(task.task_id, task.text, task.message_version, task.decision,
                         {k: list(v) for k, v in task.slots.items()}, [replace(a) for a in task.actions],
-                        list(task.answers))
+                        list(task.answers), {k: list(v) for k, v in task.offers.items()}, list(task.declined),
+                        replace(task.delegation) if task.delegation is not None else None)
         return Session(self.tenant_id, self.session_id, self.version, self.state, list(self.messages), task,
                        list(self.queue), self.paused_from, self.tasks_ended, self.step_at)
 
@@ -158,9 +211,11 @@ class Session:
         task = data["task"]
         if task is not None:
             decision = DecisionMade(**task["decision"]) if task["decision"] else None
+            delegation = Delegation(**task["delegation"]) if task["delegation"] else None
             task = Task(task["task_id"], task["text"], task["message_version"], decision,
                         {k: list(v) for k, v in task["slots"].items()},
-                        [Action(**a) for a in task["actions"]], list(task["answers"]))
+                        [Action(**a) for a in task["actions"]], list(task["answers"]),
+                        {k: list(v) for k, v in task["offers"].items()}, list(task["declined"]), delegation)
         messages = [MessageAppended(**{**m, "citations": tuple(m["citations"])}) for m in data["messages"]]
         return cls(data["tenant_id"], data["session_id"], data["version"], State(data["state"]), messages, task,
                    [(q[0], q[1]) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,

@@ -42,7 +42,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError
 from services.orchestrator.service_layer import handlers
-from services.orchestrator.service_layer.delegation import EXPECTED_KEY, OutcomeRecorder
+from services.orchestrator.service_layer.delegation import (
+    DEPTH_KEY,
+    EXPECTED_KEY,
+    MAX_DEPTH,
+    OutcomeRecorder,
+    delegation_depth,
+)
 
 __all__ = ["A2A_PATH", "agent_card", "http_app"]
 
@@ -103,6 +109,16 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
+def _depth(value) -> int:
+    """The delegation depth a message says it is at; a chain deeper than MAX_DEPTH is refused."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or value != int(value):
+        raise InvalidParamsError(message=f"metadata.{DEPTH_KEY}: must be a whole number of delegations, 0 or more")
+    if value > MAX_DEPTH:
+        raise InvalidRequestError(message=f"metadata.{DEPTH_KEY}: this message is {int(value)} delegations deep, "
+                                          f"more than the {MAX_DEPTH} allowed (agents delegating round in a loop?)")
+    return int(value)
+
+
 class SessionExecutor(AgentExecutor):
     def __init__(self, turn: Turn, outcomes: OutcomeRecorder) -> None:
         self.turn, self.outcomes = turn, outcomes
@@ -116,11 +132,15 @@ class SessionExecutor(AgentExecutor):
         if not text.strip():
             raise InvalidParamsError(message="message.parts: send at least one text part")
         session_id = f"a2a:{context.context_id}"
+        depth = _depth(metadata.get(DEPTH_KEY, 0))
+        served = delegation_depth.set(depth)  # the turn's own delegations go one deeper
         try:
             session = await self.turn(handlers.SendMessage(tenant, subject, session_id, f"a2a:{subject}"[:64], text))
         except DomainError as exc:
             raise InvalidRequestError(message=f"{exc.field}: {exc.reason}" if exc.field else exc.reason,
                                       data=exc.to_dict()) from None
+        finally:
+            delegation_depth.reset(served)
         reply = next((m for m in reversed(session.messages) if m.role == "assistant"), None)
         answer = {"mnemesh.session_id": session_id, "mnemesh.version": session.version,
                   "mnemesh.state": str(session.state)}

@@ -10,8 +10,11 @@ DelegationChecked, CompensationFinished.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -27,11 +30,17 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.service_layer.ports import MemoryWriter, SessionRepository, ToolGateway
 
-__all__ = ["EXPECTED_KEY", "AgentAnswer", "AgentClient", "Compensation", "Delegate", "Delegated", "Expectation",
-           "OutcomeRecorder", "delegate"]
+__all__ = ["DEPTH_KEY", "EXPECTED_KEY", "MAX_DEPTH", "AgentAnswer", "AgentClient", "Compensation", "Delegate",
+           "Delegated", "Expectation", "OutcomeRecorder", "delegate", "delegation_depth"]
 
 EXPECTED_KEY = "mnemesh.expected_memory_id"
 ACTUAL_KEY = "mnemesh.actual_memory_id"
+# How many delegations deep the turn being served is (0: a user's own message): sent along +1 with each
+# delegation, and an agent refuses a message deeper than MAX_DEPTH, so agents that delegate to each other
+# (or one to itself, by a rules mistake) cannot call round forever.
+DEPTH_KEY = "mnemesh.delegation_depth"
+MAX_DEPTH = 3
+delegation_depth: ContextVar[int] = ContextVar("delegation_depth", default=0)
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,10 @@ def _check(cmd: Delegate) -> None:
 
 
 async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWriter, agents: AgentClient,
-                   gateway: ToolGateway, deadline_seconds: float = 10.0) -> Delegated:
+                   gateway: ToolGateway, deadline_seconds: float = 10.0,
+                   stopped: Callable[[], Awaitable[None]] | None = None) -> Delegated:
+    """`stopped`, when given, returns when the caller's task is stopped (a hard stop): the call to the agent is
+    then cancelled, and since what the agent did is unknown, the compensation runs."""
     _check(cmd)
     delegation_id = str(uuid.uuid4())
 
@@ -116,8 +128,9 @@ async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWri
                                    expected_json, expected_id,
                                    json.dumps(asdict(cmd.compensation), ensure_ascii=False, sort_keys=True)))
     try:
-        answer = await agents.send(cmd.agent, cmd.tenant_id, cmd.context_id or delegation_id, cmd.text,
-                                   {EXPECTED_KEY: expected_id})
+        answer = await _unless_stopped(agents.send(cmd.agent, cmd.tenant_id, cmd.context_id or delegation_id,
+                                                   cmd.text, {EXPECTED_KEY: expected_id,
+                                                              DEPTH_KEY: delegation_depth.get() + 1}), stopped)
     except (OSError, RuntimeError, ValueError) as exc:
         reasons = [f"the agent did not answer: {exc}"[:500]]
         await record(DelegationAnswered(delegation_id, "", reason=reasons[0]))
@@ -138,6 +151,26 @@ async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWri
     await record(CompensationFinished(delegation_id, cmd.compensation.tool, outcome,
                                       json.dumps(result.result, ensure_ascii=False, sort_keys=True), result.reason))
     return Delegated(delegation_id, False, tuple(reasons), outcome)
+
+
+class _Stopped(RuntimeError):
+    pass
+
+
+async def _unless_stopped(call: Awaitable[AgentAnswer], stopped: Callable[[], Awaitable[None]] | None) -> AgentAnswer:
+    if stopped is None:
+        return await call
+    calling, watching = asyncio.ensure_future(call), asyncio.ensure_future(stopped())
+    try:
+        await asyncio.wait({calling, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for job in (calling, watching):
+            if not job.done():
+                job.cancel()
+        await asyncio.gather(calling, watching, return_exceptions=True)
+    if calling.cancelled() or not calling.done() or (watching.done() and not watching.cancelled()):
+        raise _Stopped("the task was stopped while the agent worked: the call was cancelled")
+    return calling.result()
 
 
 class OutcomeRecorder:

@@ -60,7 +60,8 @@ async def send_message(cmd: SendMessage, sessions: SessionRepository, agent: Age
             raise Conflict(f"the session is at version {session.version}, the device saw {cmd.expected_version}",
                            field="expected_version",
                            hint=f"catch up with Subscribe(from_version={cmd.expected_version}) and send again")
-        return session.receive(cmd.user_id, cmd.device_id, cmd.text, interrupt, event_id=event_id)
+        heard = agent.unless_answering(session, cmd.text, interrupt) if agent is not None else interrupt
+        return session.receive(cmd.user_id, cmd.device_id, cmd.text, heard, event_id=event_id)
 
     session = await sessions.update(cmd.tenant_id, cmd.session_id, decide)
     if agent is None:

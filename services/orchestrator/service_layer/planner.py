@@ -29,14 +29,16 @@ DECISION_SCHEMA: dict[str, Any] = {
     "required": ["action"],
     "additionalProperties": False,
     "properties": {
-        "action": {"enum": ["tool", "reply", "ask", "human"]},
+        "action": {"enum": ["tool", "reply", "ask", "human", "delegate"]},
         "tool": {"type": "string", "maxLength": 128},
+        "agent": {"type": "string", "maxLength": 128},
         "arguments": {"type": "object"},
         "text": {"type": "string", "maxLength": 4000},
     },
     "allOf": [
         {"if": {"properties": {"action": {"const": "tool"}}}, "then": {"required": ["tool", "arguments"]}},
         {"if": {"properties": {"action": {"enum": ["reply", "ask"]}}}, "then": {"required": ["text"]}},
+        {"if": {"properties": {"action": {"const": "delegate"}}}, "then": {"required": ["agent", "text"]}},
     ],
 }
 # What the model is asked to fill (the function's parameters): the schema's shape without its limits and
@@ -45,8 +47,8 @@ DECISION_SCHEMA: dict[str, Any] = {
 DECISION_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "required": ["action"],
-    "properties": {"action": {"enum": ["tool", "reply", "ask", "human"]}, "tool": {"type": "string"},
-                   "arguments": {"type": "object"}, "text": {"type": "string"}},
+    "properties": {"action": {"enum": ["tool", "reply", "ask", "human", "delegate"]}, "tool": {"type": "string"},
+                   "agent": {"type": "string"}, "arguments": {"type": "object"}, "text": {"type": "string"}},
 }
 _VALIDATOR = SafeValidator(DECISION_SCHEMA)
 MIN_MEMORY_SCORE = 0.2
@@ -58,7 +60,7 @@ class Planned:
     problems: tuple[str, ...] = ()  # why LLM answers were refused before this decision
 
 
-def _problem(raw: Any, tools: list[ToolInfo]) -> str | None:
+def _problem(raw: Any, tools: list[ToolInfo], book: RuleBook) -> str | None:
     try:
         _VALIDATOR.validate(raw)
     except ValidationError as exc:
@@ -66,7 +68,28 @@ def _problem(raw: Any, tools: list[ToolInfo]) -> str | None:
         return f"{where}: {exc.message}"
     if raw["action"] == "tool" and raw["tool"] not in {t.name for t in tools}:
         return f"tool {raw['tool']!r} is not one the caller may use"
+    if raw["action"] == "delegate" and raw["agent"] not in book.agents:
+        return f"agent {raw['agent']!r} is not one of the agents declared in the rules ({', '.join(sorted(book.agents)) or 'none'})"
     return None
+
+
+def _agents_message(book: RuleBook) -> list[dict[str, str]]:
+    """The agents the model may delegate to (action "delegate", with agent and text), when there are any."""
+    if not book.agents:
+        return []
+    listed = "\n".join(f"- {a.name}: {a.description[:200]}" for a in book.agents.values())
+    return [{"role": "system", "content": f"Agents you may delegate to (action delegate, agent, text):\n{listed}"}]
+
+
+def _llm_decision(task_id: str, raw: dict[str, Any], memories: list[MemoryHit]) -> DecisionMade:
+    if raw["action"] == "tool":
+        arguments = json.dumps(raw.get("arguments", {}), ensure_ascii=False)
+    elif raw["action"] == "delegate":
+        arguments = json.dumps({"agent": raw["agent"], "text": raw["text"]}, ensure_ascii=False)
+    else:
+        arguments = _memory_sources(memories)
+    return DecisionMade(task_id, "llm", raw["action"], tool=raw.get("tool", "") if raw["action"] == "tool" else "",
+                        arguments_json=arguments, text=raw.get("text", ""))
 
 
 def _memory_sources(memories: list[MemoryHit]) -> str:
@@ -92,7 +115,7 @@ async def decide_open_question(task_id: str, context: list[dict[str, str]], memo
     """`context`: the messages the context builder made (DECISION_PROMPT first, memories under their anchors)."""
     if llm is None:
         return Planned(_planner(task_id, memories, book))
-    messages = list(context)
+    messages = [*context[:1], *_agents_message(book), *context[1:]]
     problems: list[str] = []
     for _attempt in range(2):  # an invalid decision is retried once
         try:
@@ -103,12 +126,9 @@ async def decide_open_question(task_id: str, context: list[dict[str, str]], memo
         except ValueError as exc:  # an answer that holds no decision: malformed, retried like an invalid one
             raw, problem = None, f"no decision in the answer: {exc}"
         else:
-            problem = _problem(raw, tools)
+            problem = _problem(raw, tools, book)
         if problem is None:
-            return Planned(DecisionMade(task_id, "llm", raw["action"], tool=raw.get("tool", ""),
-                                        arguments_json=json.dumps(raw.get("arguments", {}), ensure_ascii=False)
-                                        if raw["action"] == "tool" else _memory_sources(memories),
-                                        text=raw.get("text", "")), tuple(problems))
+            return Planned(_llm_decision(task_id, raw, memories), tuple(problems))
         problems.append(problem)
         messages.append({"role": "user", "content": f"That decision was invalid ({problem}); answer again."})
     log.info("llm decision refused, planner decides", problems=problems)

@@ -67,6 +67,10 @@ class MemoryWriter(Protocol):
         """Record an outcome (expected or actual, of a call between agents) as a step memory; its id."""
         ...
 
+    async def confirm(self, tenant_id: str, user_id: str, memory_id: str, reason: str) -> None:
+        """The user confirmed an L2 memory: it becomes L1 (used without asking from then on)."""
+        ...
+
     async def compress(self, tenant_id: str, user_id: str, session_id: str, window_tokens: int) -> str:
         """Summarise the session's turns not yet covered into one memory when they fill enough of a window of
         `window_tokens` (the memory-writer's trigger); the summary's id, or "" when nothing was due."""
@@ -91,10 +95,10 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class CallStatus:
-    """What the backend says about a call whose answer was lost (a timeout): done (with its result), not
-    done, or unknown (nothing to ask): only `done` counts as a result."""
+    """What the backend says about a call whose answer was lost (a timeout): done (with its result), still
+    running (ask again), failed, or unknown (nothing recorded under that id): only `done` counts as a result."""
 
-    state: str  # done | not_done | unknown
+    state: str  # done | running | failed | unknown
     result: dict[str, Any] = field(default_factory=dict)
 
 

@@ -290,6 +290,34 @@ class SessionSlotFilled(_message.Message):
     source: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
+class SessionSlotOffered(_message.Message):
+    __slots__ = ("tenant", "task_id", "name", "value", "memory_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    name: str
+    value: str
+    memory_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., memory_id: _Optional[str] = ...) -> None: ...
+
+class SessionSlotDeclined(_message.Message):
+    __slots__ = ("tenant", "task_id", "name", "memory_id", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    task_id: str
+    name: str
+    memory_id: str
+    reason: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ..., name: _Optional[str] = ..., memory_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SessionDecisionMade(_message.Message):
     __slots__ = ("tenant", "task_id", "decided_by", "action", "intent", "tool", "arguments_json", "text")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -47,7 +47,7 @@ class SubscribeRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., session_id: _Optional[str] = ..., from_version: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished", "turn_recovered", "delegation_started", "delegation_answered", "delegation_checked", "compensation_finished")
+    __slots__ = ("session_id", "version", "event_type", "occurred_at", "message_appended", "state_changed", "task_started", "task_ended", "slot_filled", "decision_made", "action_started", "action_finished", "turn_recovered", "delegation_started", "delegation_answered", "delegation_checked", "compensation_finished", "slot_offered", "slot_declined")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,8 @@ class SessionEvent(_message.Message):
     DELEGATION_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     DELEGATION_CHECKED_FIELD_NUMBER: _ClassVar[int]
     COMPENSATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SLOT_OFFERED_FIELD_NUMBER: _ClassVar[int]
+    SLOT_DECLINED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     version: int
     event_type: str
@@ -82,7 +84,9 @@ class SessionEvent(_message.Message):
     delegation_answered: _events_pb2.SessionDelegationAnswered
     delegation_checked: _events_pb2.SessionDelegationChecked
     compensation_finished: _events_pb2.SessionCompensationFinished
-    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ..., turn_recovered: _Optional[_Union[_events_pb2.SessionTurnRecovered, _Mapping]] = ..., delegation_started: _Optional[_Union[_events_pb2.SessionDelegationStarted, _Mapping]] = ..., delegation_answered: _Optional[_Union[_events_pb2.SessionDelegationAnswered, _Mapping]] = ..., delegation_checked: _Optional[_Union[_events_pb2.SessionDelegationChecked, _Mapping]] = ..., compensation_finished: _Optional[_Union[_events_pb2.SessionCompensationFinished, _Mapping]] = ...) -> None: ...
+    slot_offered: _events_pb2.SessionSlotOffered
+    slot_declined: _events_pb2.SessionSlotDeclined
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., event_type: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_appended: _Optional[_Union[_events_pb2.SessionMessageAppended, _Mapping]] = ..., state_changed: _Optional[_Union[_events_pb2.SessionStateChanged, _Mapping]] = ..., task_started: _Optional[_Union[_events_pb2.SessionTaskStarted, _Mapping]] = ..., task_ended: _Optional[_Union[_events_pb2.SessionTaskEnded, _Mapping]] = ..., slot_filled: _Optional[_Union[_events_pb2.SessionSlotFilled, _Mapping]] = ..., decision_made: _Optional[_Union[_events_pb2.SessionDecisionMade, _Mapping]] = ..., action_started: _Optional[_Union[_events_pb2.SessionActionStarted, _Mapping]] = ..., action_finished: _Optional[_Union[_events_pb2.SessionActionFinished, _Mapping]] = ..., turn_recovered: _Optional[_Union[_events_pb2.SessionTurnRecovered, _Mapping]] = ..., delegation_started: _Optional[_Union[_events_pb2.SessionDelegationStarted, _Mapping]] = ..., delegation_answered: _Optional[_Union[_events_pb2.SessionDelegationAnswered, _Mapping]] = ..., delegation_checked: _Optional[_Union[_events_pb2.SessionDelegationChecked, _Mapping]] = ..., compensation_finished: _Optional[_Union[_events_pb2.SessionCompensationFinished, _Mapping]] = ..., slot_offered: _Optional[_Union[_events_pb2.SessionSlotOffered, _Mapping]] = ..., slot_declined: _Optional[_Union[_events_pb2.SessionSlotDeclined, _Mapping]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("tenant", "session_id")

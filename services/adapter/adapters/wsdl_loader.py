@@ -135,9 +135,12 @@ class OfflineTransport(Transport):
 
     def __init__(self, *, documents: dict[str, bytes] | None = None, origin: str | None = None,
                  allow_remote: bool = False, file_roots: tuple[Path, ...] | None = (),
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, stand_ins: dict[str, bytes] | None = None) -> None:
         super().__init__(timeout=timeout)
         self.documents = dict(documents or {})
+        # Imports that cannot be read, answered with an empty document of the imported namespace so that
+        # the rest of the WSDL loads; not recorded in `loaded` (what is stored is what was really read).
+        self.stand_ins = dict(stand_ins or {})
         self.origin = _origin(origin) if origin and urlsplit(origin).scheme in ("http", "https") else None
         self.allow_remote = allow_remote
         self.file_roots = file_roots  # None: any file (operator configuration); () : none
@@ -150,6 +153,8 @@ class OfflineTransport(Transport):
         bundled = standard_schema(url)
         if bundled is not None:
             return bundled
+        if url in self.stand_ins:
+            return self.stand_ins[url]
         content = self.documents.get(url)
         if content is None:
             content = self._fetch(url)

@@ -6,8 +6,10 @@ connections). Direct: zeep's AsyncClient on httpx. Adapter (the summary's figure
 an adapter served in the bench's own process (argument validation, envelope, HTTP, parsing, JSON
 conversion, protobuf Struct both ways), so the callers' side of gRPC shares its one core.
 Adapter process: the same adapter in a process of its own, as deployed (`bench_server.py`),
-printed beside the summary under `adapter_process`. The CPU each path costs per call in each
-process (this one, the SOAP server, the adapter process) is printed under `cpu_ms_per_call`.
+printed beside the summary under `adapter_process`. Handlers: the adapter's call path without gRPC
+(validation, envelope, HTTP, parsing, JSON), in this process, for the breakdown. The CPU each path
+costs per call in each process (this one, the SOAP server, the adapter process) is printed under
+`cpu_ms_per_call`.
 Gateway (when Redis and PostgreSQL are configured): gRPC CallTool of an in-process tool-gateway,
 whose whole pipeline (JWT, schema validation, shared rate limits and breaker in Redis, audit row
 and event in PostgreSQL) calls that adapter's Invoke.
@@ -164,6 +166,8 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
     from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
     from libs.rpc import channel
     from services.adapter.adapters.gateway import GatewayRegistry
+    from services.adapter.domain.commands import InvokeOperation
+    from services.adapter.service_layer import handlers
 
     process, base = await _start_server()
     total = max(repetitions, 50)
@@ -187,13 +191,17 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                     if reply.HasField("error"):
                         raise RuntimeError(reply.error.reason)
 
+                async def via_handlers() -> None:  # the adapter's call path without gRPC, for the breakdown
+                    await handlers.invoke(InvokeOperation("billing0", "get_customer", {"customer_id": 2}), bridge)
+
                 async def via_adapter_process() -> None:
                     reply = await own_stub.Invoke(request, timeout=30)
                     if reply.HasField("error"):
                         raise RuntimeError(reply.error.reason)
 
                 rounds, cpu_ms = await _rounds([("direct", via_zeep), ("adapter", via_adapter),
-                                                ("adapter_process", via_adapter_process)], total, warmup, cpu)
+                                                ("adapter_process", via_adapter_process), ("handlers", via_handlers)],
+                                               total, warmup, cpu)
             # The gateway runs in this process too: started only now, so its background work (relay,
             # consumers) does not weigh on the adapter figures above; compared with direct calls anew.
             async with _gateway(settings, port) as gateway:
@@ -227,7 +235,7 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                "added_p50_ms": round(percentile(lat["adapter"], 0.5) - percentile(lat["direct"], 0.5), 3),
                "import_ms_per_operation": round(statistics.median(imports), 3)}
     print(f"\nadapter: {CONCURRENCY} concurrent callers, get_customer, {total} calls x 3 rounds each")
-    for name in ("direct", "adapter", "adapter_process", "gateway"):
+    for name in ("direct", "adapter", "adapter_process", "handlers", "gateway"):
         if name not in rounds:
             continue
         print(f"  {name:<15} {rate[name]:8.1f} calls/s   p50 {percentile(lat[name], 0.5):7.2f} ms   "

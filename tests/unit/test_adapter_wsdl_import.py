@@ -114,10 +114,18 @@ def test_a_missing_companion_schema_leaves_out_only_the_operations_that_need_it(
     assert "{urn:example:partial}AnnotateRequest uses definitions of the import" in failed["Annotate"]
     assert all("partial/gone.xsd" in reason and "cannot be read" in reason for reason in failed.values())
     assert any("partial/gone.xsd (namespace urn:example:gone) cannot be read" in note for note in catalog.notes)
-    # What is stored (and re-imported offline on restart) is what was really read, untouched by the stand-in.
-    assert sorted(Path(p).name for p in loaded.documents) == ["partial.wsdl", "present.xsd"]
-    again = load_wsdl(WsdlSource(path=str(WSDL / "partial" / "partial.wsdl")), "orders", file_roots=(WSDL,))
-    assert again.wsdl_hash == loaded.wsdl_hash
+    # What is stored is what was really read, untouched by the stand-in, and the missing document as empty:
+    # a restart re-imports offline (no file may be read here) to the same tools, refusing it without looking.
+    assert {Path(p).name: len(c) > 0 for p, c in loaded.documents.items()} == {
+        "partial.wsdl": True, "present.xsd": True, "gone.xsd": False}
+    location = next(p for p in loaded.documents if p.endswith("partial.wsdl"))
+    restored = load_wsdl(WsdlSource(document=loaded.documents[location], base_url=location,
+                                    documents=loaded.documents), "orders", file_roots=())
+    assert restored.wsdl_hash == loaded.wsdl_hash
+    catalog = build_catalog("orders", restored, revision=1)[0]
+    assert sorted(t.operation for t in catalog.tools) == ["GetItem", "GetStatus"]
+    assert all("was missing when the WSDL was imported" in f.reason for f in catalog.failed)
+    assert sorted(f.operation for f in catalog.failed) == ["Annotate", "GetGone"]
 
 
 def test_an_upload_without_one_companion_still_yields_the_operations_that_work() -> None:

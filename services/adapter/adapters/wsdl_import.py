@@ -184,7 +184,7 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                     raise _load_error(exc, location, source, field_name) from None
                 refused = refused or exc
                 stand_ins[exc.location], namespace = found
-                missing.add(exc.location, namespace, exc.reason)
+                missing.add(exc.location, namespace, exc.reason, exc.hint)
                 for url, content in transport.loaded.items():
                     originals.setdefault(url, content)
                 documents.update(transport.loaded)
@@ -218,7 +218,11 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
             raise ValidationFailed(f"the WSDL references more than {_MAX_REPAIRS} undefined types or definitions",
                                    field=field_name, hint="import the schemas and documents that define them")
     notes = list(dict.fromkeys(missing.notes() + transport.repairs + repairs + [str(w.message) for w in caught]))
-    loaded = dict(transport.loaded)
+    # What is stored is what was read (repairs are made again at each load), so that a restart finds
+    # the same problems and names them the same way.
+    loaded = {url: originals.get(url, content) for url, content in transport.loaded.items()}
+    # Missing companions are stored empty, so a restart (offline) finds them missing without fetching.
+    loaded.update({url: b"" for url in missing.documents if url not in loaded})
     if not any(document.services.values()) and not any(isinstance(b, SoapBinding)
                                                        for b in document.bindings.values()):
         if refused is not None:  # nothing to call without it: the missing document is the problem to name
@@ -227,5 +231,5 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                                "nothing to call", field=field_name,
                                hint="import the WSDL that holds the binding, service and port definitions")
     if missing.documents:
-        missing.trace({**loaded, **originals})  # before undefined types were loosened to "any value"
+        missing.trace(loaded)  # as read: before undefined types were loosened to "any value"
     return LoadedWsdl(document, location, loaded, _hash(loaded), notes, missing)

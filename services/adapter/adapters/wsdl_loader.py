@@ -6,7 +6,8 @@ xsd:include). This transport answers in this order:
 1. the standard schemas (SOAP 1.1/1.2 envelope and encoding, WS-Addressing, xml.xsd, WSDL,
    xmlmime) from the copies bundled in ``standard_schemas/``, never from the network;
 2. documents handed in with the import (an uploaded WSDL and its companions, or the documents
-   stored by an earlier import, which is how a restart re-imports offline);
+   stored by an earlier import, which is how a restart re-imports offline; an empty one is a
+   companion that was missing then, refused again without looking for it);
 3. files, when the import names a file and the path lies under an allowed root;
 4. http(s): the URL the import names and documents on the same origin (that is what asking to
    import a URL means), any other host only when the import sets ``allow_remote``.
@@ -156,6 +157,9 @@ class OfflineTransport(Transport):
         if url in self.stand_ins:
             return self.stand_ins[url]
         content = self.documents.get(url)
+        if content == b"":  # stored by an earlier import as missing: refused again, offline
+            raise DocumentRefused(url, "was missing when the WSDL was imported",
+                                  "import the WSDL again once the document is available")
         if content is None:
             content = self._fetch(url)
         self.loaded[url] = content

@@ -69,12 +69,16 @@ class MissingImports:
     needs: dict[str, str] = field(default_factory=dict)  # global component (Clark) -> missing location
     defined: frozenset[str] = frozenset()
 
-    def add(self, location: str, namespace: str, reason: str) -> None:
+    hints: dict[str, str] = field(default_factory=dict)
+
+    def add(self, location: str, namespace: str, reason: str, hint: str = "") -> None:
         self.documents[location] = (namespace, reason)
+        self.hints[location] = hint
 
     def notes(self) -> list[str]:
         return [f"the import {location}{f' (namespace {ns})' if ns else ''} {reason}: the operations that need "
                 "its definitions are left out (listed as failed), the others work"
+                + (f" ({self.hints[location]})" if self.hints.get(location) else "")
                 for location, (ns, reason) in self.documents.items()]
 
     def trace(self, documents: dict[str, bytes]) -> None:

@@ -1,8 +1,15 @@
 """`mnemesh bench adapter`: calls to the test SOAP service, directly with zeep vs through the adapter's Invoke.
 
 Same run, same concurrency (8 callers), the same operation (get_customer: a nested, recursive
-response). Direct: zeep's AsyncClient on httpx. Adapter: gRPC Invoke of an in-process adapter
-(argument validation, envelope, HTTP, parsing, JSON conversion, protobuf Struct both ways).
+response), the spyne server in a process of its own, both paths on a pooled httpx client (64
+connections). Direct: zeep's AsyncClient on httpx. Adapter (the summary's figure): gRPC Invoke of
+an adapter served in the bench's own process (argument validation, envelope, HTTP, parsing, JSON
+conversion, protobuf Struct both ways), so the callers' side of gRPC shares its one core.
+Adapter process: the same adapter in a process of its own, as deployed (`bench_server.py`),
+printed beside the summary under `adapter_process`. Handlers: the adapter's call path without gRPC
+(validation, envelope, HTTP, parsing, JSON), in this process, for the breakdown. The CPU each path
+costs per call in each process (this one, the SOAP server, the adapter process) is printed under
+`cpu_ms_per_call`.
 Gateway (when Redis and PostgreSQL are configured): gRPC CallTool of an in-process tool-gateway,
 whose whole pipeline (JWT, schema validation, shared rate limits and breaker in Redis, audit row
 and event in PostgreSQL) calls that adapter's Invoke.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -29,11 +37,11 @@ from pydantic import SecretStr
 
 from libs.bench import percentile, run_concurrently
 from libs.config import Settings
+from services.adapter.bench_server import CONCURRENCY, serve_adapter
 
 __all__ = ["bench_adapter"]
 
 SERVER = Path(__file__).resolve().parents[2] / "tests" / "integration" / "soap_server.py"
-CONCURRENCY = 8
 
 
 async def _start_server() -> tuple[asyncio.subprocess.Process, str]:
@@ -96,16 +104,59 @@ async def _gateway(settings: Settings, adapter_port: int) -> AsyncIterator[tuple
             await conn.close()
 
 
-async def _rounds(paths: list, total: int, warmup: int) -> dict[str, list]:
+class _Cpu:
+    """CPU seconds used so far by this process and by the child processes the bench started (Linux /proc)."""
+
+    def __init__(self, children: dict[str, int]) -> None:
+        self.children = children
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def now(self) -> dict[str, float]:
+        used = {"bench": time.process_time()}
+        for name, pid in self.children.items():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                used[name] = (int(fields[11]) + int(fields[12])) / self.tick
+            except (OSError, IndexError, ValueError):
+                pass  # not Linux: no per-process figures
+        return used
+
+
+async def _rounds(paths: list, total: int, warmup: int, cpu: _Cpu) -> tuple[dict[str, list], dict[str, dict]]:
+    """Calls/s and latencies of each path, rounds alternating; and each path's CPU ms per call by process."""
     for _, call in paths:
         await run_concurrently(call, max(warmup, 20), CONCURRENCY)
     rounds: dict[str, list] = {name: [] for name, _ in paths}
+    used: dict[str, dict[str, float]] = {name: {} for name, _ in paths}
     for i in range(3):  # alternate, so machine noise hits every path alike
         for name, call in paths[::1 if i % 2 == 0 else -1]:
+            before = cpu.now()
             rounds[name].append(await run_concurrently(call, total, CONCURRENCY))
-    return rounds
+            for process, seconds in cpu.now().items():
+                used[name][process] = used[name].get(process, 0.0) + seconds - before.get(process, seconds)
+    per_call = {name: {process: round(seconds * 1000 / (3 * total), 3) for process, seconds in by.items()}
+                for name, by in used.items()}
+    return rounds, per_call
 
 
+@contextlib.asynccontextmanager
+async def _adapter_process(wsdl_url: str) -> AsyncIterator[tuple[int, int]]:
+    """The same adapter in a process of its own, as deployed: (gRPC port, pid)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.adapter.bench_server", wsdl_url, cwd=str(Path(__file__).resolve().parents[2]),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        if not line.startswith("PORT "):
+            raise RuntimeError("the bench's adapter process did not start")
+        yield int(line.split()[1]), process.pid
+    finally:
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.terminate()
+            await process.wait()
 
 
 async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> list[dict]:
@@ -113,58 +164,24 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
     from zeep.transports import AsyncTransport
 
     from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
-    from libs.rpc import GrpcServer, channel
-    from mnemesh.infra import free_port
+    from libs.rpc import channel
     from services.adapter.adapters.gateway import GatewayRegistry
-    from services.adapter.adapters.soap_backend import SoapLoader
-    from services.adapter.domain.commands import ImportWsdl
-    from services.adapter.entrypoints import grpc_api
+    from services.adapter.domain.commands import InvokeOperation
     from services.adapter.service_layer import handlers
-    from services.adapter.service_layer.handlers import Bridge
-
-    class _Store:
-        def __init__(self) -> None:
-            self.rows = {}
-
-        async def get(self, backend_id):
-            return self.rows.get(backend_id)
-
-        async def save(self, backend):
-            self.rows[backend.backend_id] = backend
-
-        async def delete(self, backend_id):
-            return self.rows.pop(backend_id, None) is not None
-
-        async def list(self):
-            return list(self.rows.values())
-
-    class _NoGateway:
-        async def register(self, catalog, timeout_seconds, retries):
-            return ""
-
-        async def unregister(self, names):
-            return ""
 
     process, base = await _start_server()
     total = max(repetitions, 50)
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as http:
-        bridge = Bridge(_Store(), SoapLoader(http, credentials={}, wsdl_dir=Path("."), concurrency=CONCURRENCY),
-                        _NoGateway())
-        port = free_port()
-        server = GrpcServer("127.0.0.1", port, [grpc_api.registration(bridge, [])], None)
-        await server.start()
-        try:
-            imports = []
-            for i in range(5):
-                start = time.perf_counter()
-                result = await handlers.import_wsdl(ImportWsdl(f"billing{i}", url=f"{base}/soap11?wsdl"), bridge)
-                imports.append((time.perf_counter() - start) * 1000 / len(result.catalog.tools))
+    wsdl_url = f"{base}/soap11?wsdl"
+    try:
+        async with serve_adapter(wsdl_url) as (bridge, port, imports), _adapter_process(wsdl_url) as (own_port, pid):
+            cpu = _Cpu({"soap_server": process.pid, "adapter_process": pid})
+            # zeep's own async client on the same kind of pooled httpx client as the adapter's.
             transport = AsyncTransport(client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)))
-            direct = AsyncClient(f"{base}/soap11?wsdl", transport=transport)
-            async with channel(f"127.0.0.1:{port}") as ch:
-                stub = tools_pb2_grpc.AdapterStub(ch)
-                request = tools_pb2.InvokeRequest(backend_id="billing0", operation="get_customer")
-                request.arguments.update({"customer_id": 2})
+            direct = AsyncClient(wsdl_url, transport=transport)
+            request = tools_pb2.InvokeRequest(backend_id="billing0", operation="get_customer")
+            request.arguments.update({"customer_id": 2})
+            async with channel(f"127.0.0.1:{port}") as ch, channel(f"127.0.0.1:{own_port}") as own_ch:
+                stub, own_stub = tools_pb2_grpc.AdapterStub(ch), tools_pb2_grpc.AdapterStub(own_ch)
 
                 async def via_zeep() -> None:
                     await direct.service.get_customer(customer_id=2)
@@ -174,7 +191,17 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                     if reply.HasField("error"):
                         raise RuntimeError(reply.error.reason)
 
-                rounds = await _rounds([("direct", via_zeep), ("adapter", via_adapter)], total, warmup)
+                async def via_handlers() -> None:  # the adapter's call path without gRPC, for the breakdown
+                    await handlers.invoke(InvokeOperation("billing0", "get_customer", {"customer_id": 2}), bridge)
+
+                async def via_adapter_process() -> None:
+                    reply = await own_stub.Invoke(request, timeout=30)
+                    if reply.HasField("error"):
+                        raise RuntimeError(reply.error.reason)
+
+                rounds, cpu_ms = await _rounds([("direct", via_zeep), ("adapter", via_adapter),
+                                                ("adapter_process", via_adapter_process), ("handlers", via_handlers)],
+                                               total, warmup, cpu)
             # The gateway runs in this process too: started only now, so its background work (relay,
             # consumers) does not weigh on the adapter figures above; compared with direct calls anew.
             async with _gateway(settings, port) as gateway:
@@ -194,13 +221,13 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                             if reply.HasField("error"):
                                 raise RuntimeError(reply.error.reason)
 
-                        second = await _rounds([("direct", via_zeep), ("gateway", via_gateway)], total, warmup)
+                        second, _ = await _rounds([("direct", via_zeep), ("gateway", via_gateway)], total, warmup,
+                                                  cpu)
                     rounds["gateway"], rounds["direct_with_gateway"] = second["gateway"], second["direct"]
             await transport.aclose()
-        finally:
-            await server.stop(0)
-            process.terminate()
-            await process.wait()
+    finally:
+        process.terminate()
+        await process.wait()
     rate = {k: statistics.median(r for r, _ in v) for k, v in rounds.items()}
     lat = {k: [x for _, ls in v for x in ls] for k, v in rounds.items()}
     summary = {"direct_calls_per_s": round(rate["direct"], 1), "adapter_calls_per_s": round(rate["adapter"], 1),
@@ -208,14 +235,22 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
                "added_p50_ms": round(percentile(lat["adapter"], 0.5) - percentile(lat["direct"], 0.5), 3),
                "import_ms_per_operation": round(statistics.median(imports), 3)}
     print(f"\nadapter: {CONCURRENCY} concurrent callers, get_customer, {total} calls x 3 rounds each")
-    for name in ("direct", "adapter", "gateway"):
+    for name in ("direct", "adapter", "adapter_process", "handlers", "gateway"):
         if name not in rounds:
             continue
-        print(f"  {name:<8} {rate[name]:8.1f} calls/s   p50 {percentile(lat[name], 0.5):7.2f} ms   "
+        print(f"  {name:<15} {rate[name]:8.1f} calls/s   p50 {percentile(lat[name], 0.5):7.2f} ms   "
               f"p95 {percentile(lat[name], 0.95):7.2f} ms")
     print(f"  ratio adapter/direct (calls/s): {summary['adapter_ratio']:.3f}   added p50: "
           f"{summary['added_p50_ms']:.2f} ms   import: {summary['import_ms_per_operation']:.2f} ms/operation")
-    line = {"benchmark": "adapter", "summary": summary}
+    own = {"calls_per_s": round(rate["adapter_process"], 1),
+           "ratio_to_direct": round(rate["adapter_process"] / rate["direct"], 3),
+           "added_p50_ms": round(percentile(lat["adapter_process"], 0.5) - percentile(lat["direct"], 0.5), 3)}
+    print(f"  adapter in a process of its own (as deployed) / direct: {own['ratio_to_direct']:.3f}   added p50: "
+          f"{own['added_p50_ms']:.2f} ms")
+    print("  CPU ms per call, by process: " + "; ".join(
+        f"{name}: " + ", ".join(f"{process} {ms:.2f}" for process, ms in by.items() if ms > 0.005)
+        for name, by in cpu_ms.items()))
+    line = {"benchmark": "adapter", "summary": summary, "adapter_process": own, "cpu_ms_per_call": cpu_ms}
     if "gateway" in rounds:
         line["gateway"] = {"calls_per_s": round(rate["gateway"], 1), "ratio_to_direct":
                            round(rate["gateway"] / rate["direct_with_gateway"], 3),

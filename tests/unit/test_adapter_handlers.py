@@ -238,3 +238,13 @@ async def test_drop_removes_each_tool_with_remove_tool_and_a_missing_one_counts_
 async def test_without_a_remove_rpc_in_the_gateway_drop_says_the_tools_stay_listed(stub) -> None:
     problem = await registry(stub).unregister(["billing.ping"])
     assert "no RemoveTool RPC" in problem and "billing.ping" in problem and stub.requests == []
+
+
+def test_a_tool_is_found_by_tool_name_or_operation_name_the_first_in_order_winning() -> None:
+    tools = (OperationTool("b.get", "Get", "", SCHEMA, SCHEMA), OperationTool("b.put", "b.get", "", SCHEMA, SCHEMA),
+             OperationTool("b.get_2", "Get", "", SCHEMA, SCHEMA))
+    catalog = Catalog("b", "h", 1, "http://erp.invalid/b?wsdl", PORT, (PORT,), tools)
+    assert catalog.tool("b.get") is tools[0] and catalog.tool("Get") is tools[0]
+    assert catalog.tool("b.put") is tools[1] and catalog.tool("b.get_2") is tools[2]
+    assert catalog.tool("Put") is None
+    assert dataclasses.replace(catalog, tools=tools[1:]).tool("Get") is tools[2]  # a new catalog, a new index

@@ -102,6 +102,58 @@ def test_a_bad_wsdl_gets_a_clear_error_naming_the_problem(name: str, words: str)
     assert words in err.value.reason and err.value.field == "path"
 
 
+def test_a_missing_companion_schema_leaves_out_only_the_operations_that_need_it() -> None:
+    loaded = load_wsdl(WsdlSource(path=str(WSDL / "partial" / "partial.wsdl")), "orders", file_roots=(WSDL,))
+    catalog = build_catalog("orders", loaded, revision=1)[0]
+    assert sorted(t.operation for t in catalog.tools) == ["GetItem", "GetStatus"]
+    assert catalog.tool("GetItem").input_schema["properties"] == {"sku": {"type": "string"}}
+    failed = {f.operation: f.reason for f in catalog.failed}
+    assert sorted(failed) == ["Annotate", "GetGone"]
+    # GetGone's input element is defined there; Annotate's input has a member of one of its types.
+    assert "{urn:example:gone}Lookup is to be defined by the import" in failed["GetGone"]
+    assert "{urn:example:partial}AnnotateRequest uses definitions of the import" in failed["Annotate"]
+    assert all("partial/gone.xsd" in reason and "cannot be read" in reason for reason in failed.values())
+    assert any("partial/gone.xsd (namespace urn:example:gone) cannot be read" in note for note in catalog.notes)
+    # What is stored is what was really read, untouched by the stand-in, and the missing document as empty:
+    # a restart re-imports offline (no file may be read here) to the same tools, refusing it without looking.
+    assert {Path(p).name: len(c) > 0 for p, c in loaded.documents.items()} == {
+        "partial.wsdl": True, "present.xsd": True, "gone.xsd": False}
+    location = next(p for p in loaded.documents if p.endswith("partial.wsdl"))
+    restored = load_wsdl(WsdlSource(document=loaded.documents[location], base_url=location,
+                                    documents=loaded.documents), "orders", file_roots=())
+    assert restored.wsdl_hash == loaded.wsdl_hash
+    catalog = build_catalog("orders", restored, revision=1)[0]
+    assert sorted(t.operation for t in catalog.tools) == ["GetItem", "GetStatus"]
+    assert all("was missing when the WSDL was imported" in f.reason for f in catalog.failed)
+    assert sorted(f.operation for f in catalog.failed) == ["Annotate", "GetGone"]
+
+
+def test_an_upload_without_one_companion_still_yields_the_operations_that_work() -> None:
+    folder = (WSDL / "partial").resolve()
+    main = folder / "partial.wsdl"
+    present = (folder / "present.xsd").as_uri()
+    loaded = load_wsdl(WsdlSource(document=main.read_bytes(), base_url=main.as_uri(),
+                                  documents={present: (folder / "present.xsd").read_bytes()}), "orders",
+                       file_roots=())  # gone.xsd was not uploaded and no file may be read
+    catalog = build_catalog("orders", loaded, revision=1)[0]
+    assert sorted(t.operation for t in catalog.tools) == ["GetItem", "GetStatus"]
+    assert all("is not among the documents of this import" in f.reason for f in catalog.failed)
+    # Without present.xsd as well, GetItem goes too, naming its own missing document.
+    loaded = load_wsdl(WsdlSource(document=main.read_bytes(), base_url=main.as_uri()), "orders", file_roots=())
+    catalog = build_catalog("orders", loaded, revision=1)[0]
+    assert [t.operation for t in catalog.tools] == ["GetStatus"]
+    assert "partial/present.xsd" in {f.operation: f.reason for f in catalog.failed}["GetItem"]
+
+
+def test_a_missing_wsdl_import_fails_the_import_naming_it_when_nothing_else_is_left() -> None:
+    main = (WSDL / "multi" / "orders.wsdl").resolve()
+    loaded = load_wsdl(WsdlSource(document=main.read_bytes(), base_url=main.as_uri()), "orders", file_roots=())
+    with pytest.raises(ValidationFailed) as err:  # its portType and messages live in the missing document
+        build_catalog("orders", loaded, revision=1)
+    assert "no usable port (the import" in err.value.reason and "multi/messages.wsdl" in err.value.reason
+    assert "not among the documents" in err.value.reason
+
+
 def test_a_remote_import_on_another_host_is_refused_unless_asked_for() -> None:
     document = (WSDL / "missing_import.wsdl").read_bytes().replace(b'"gone.xsd"', b'"http://elsewhere.invalid/x.xsd"')
     with pytest.raises(ValidationFailed) as err:

@@ -10,7 +10,7 @@ from zeep.wsdl.bindings.soap import Soap11Binding, Soap12Binding, SoapBinding
 
 from libs.errors import NotFound, ValidationFailed
 from services.adapter.adapters.json_schema import SchemaBuilder
-from services.adapter.adapters.wsdl_gaps import WsdlOutline, dropped_operations, dropped_ports
+from services.adapter.adapters.wsdl_gaps import WsdlOutline, dropped_operations, dropped_ports, part_references
 from services.adapter.adapters.wsdl_import import LoadedWsdl
 from services.adapter.adapters.xsd_facets import FacetIndex
 from services.adapter.adapters.xsd_notes import unmapped_constructs
@@ -71,7 +71,8 @@ def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service
     ports = list_ports(loaded, outline)
     lost_ports = dropped_ports(outline, {(i.service, i.port) for i, _ in ports})
     if not ports:
-        raise ValidationFailed("the WSDL has no usable port: " + ("; ".join(lost_ports[:5]) or
+        missing = "".join(f" (the import {location} {why})" for location, (_, why) in loaded.missing.documents.items())
+        raise ValidationFailed(f"the WSDL has no usable port{missing}: " + ("; ".join(lost_ports[:5]) or
                                                                  "its services declare none"),
                                field="source", hint="a wsdl:service needs a wsdl:port whose SOAP binding is defined")
     info, chosen = _choose(ports, service, port)
@@ -92,6 +93,9 @@ def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service
     notes = [*loaded.warnings, *lost_ports, *unmapped_constructs(loaded.documents)]
     builders = SchemaBuilder(index, "input"), SchemaBuilder(index, "output")  # shared: types built once
     for operation in binding._operations.values():
+        if binding.name is not None and (gap := _needs_missing(loaded, outline, binding.name.text, operation.name)):
+            failed.append(FailedOperation(operation.name, gap))
+            continue
         try:
             tool = _tool(backend_id, info, operation, builders, taken, notes)
         except (ZeepError, LookupError, AttributeError, TypeError, KeyError, ValueError) as exc:
@@ -101,11 +105,28 @@ def build_catalog(backend_id: str, loaded: LoadedWsdl, *, revision: int, service
         tools.append(tool)
     notes += builders[0].notes + builders[1].notes
     if binding.name is not None:  # what zeep left out of the binding is failed, with the reason
-        failed += dropped_operations(outline, loaded.document.types, binding.name.text, set(binding._operations))
+        failed += [FailedOperation(f.operation, _needs_missing(loaded, outline, binding.name.text, f.operation)
+                                   or f.reason)
+                   for f in dropped_operations(outline, loaded.document.types, binding.name.text,
+                                               set(binding._operations))]
     catalog = Catalog(backend_id=backend_id, wsdl_hash=loaded.wsdl_hash, revision=revision, location=loaded.location,
                       port=info, ports=tuple(i for i, _ in ports), tools=tuple(tools), failed=tuple(failed),
                       notes=tuple(dict.fromkeys(notes)))
     return catalog, binding
+
+
+def _needs_missing(loaded: LoadedWsdl, outline: WsdlOutline, binding_name: str, name: str) -> str:
+    """Why operation `name` cannot work without a companion document the import could not read, or ''."""
+    missing = loaded.missing
+    if not missing.documents:
+        return ""
+    for what, qname in part_references(outline, binding_name, name):
+        location = missing.needed_by(qname)
+        if location is None:
+            continue
+        how = "uses definitions of" if qname in missing.defined else "is to be defined by"
+        return f"{what}: {qname} {how} the import {location}, which {missing.documents[location][1]}"
+    return ""
 
 
 def _tool(backend_id: str, info: PortInfo, operation, builders: tuple[SchemaBuilder, SchemaBuilder],

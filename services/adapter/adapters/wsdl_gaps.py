@@ -15,7 +15,7 @@ from lxml import etree
 
 from services.adapter.domain.catalog import FailedOperation
 
-__all__ = ["WsdlOutline", "dropped_operations", "dropped_ports"]
+__all__ = ["WsdlOutline", "dropped_operations", "dropped_ports", "part_references"]
 
 WSDL = "http://schemas.xmlsoap.org/wsdl/"
 XSD = "http://www.w3.org/2001/XMLSchema"
@@ -41,6 +41,7 @@ class WsdlOutline:
     bindings: dict[str, tuple[etree._Element, str | None]] = field(default_factory=dict)
     services: list[tuple[etree._Element, str | None]] = field(default_factory=list)
     location_less: set[str] = field(default_factory=set)  # namespaces imported without schemaLocation
+    parts: dict[str, dict[str, list[tuple[str, str]]]] = field(default_factory=dict)  # see part_references
 
     @classmethod
     def from_documents(cls, documents: dict[str, bytes]) -> WsdlOutline:
@@ -115,6 +116,38 @@ def _reason(outline: WsdlOutline, types, binding: etree._Element, tns: str | Non
             if problem := _part_problem(outline, types, part):
                 return f"its {kind} message {message_name} cannot be read: {problem}"
     return "zeep left it out of the binding without saying why"
+
+
+def part_references(outline: WsdlOutline, binding_name: str, name: str) -> list[tuple[str, str]]:
+    """(what, Clark QName) of every element or type the messages of operation `name` of the raw binding
+    `binding_name` use, `what` naming the message and part. Indexed once per binding."""
+    index = outline.parts.get(binding_name)
+    if index is None:
+        index = outline.parts[binding_name] = _part_index(outline, binding_name)
+    return index.get(name, [])
+
+
+def _part_index(outline: WsdlOutline, binding_name: str) -> dict[str, list[tuple[str, str]]]:
+    entry = outline.bindings.get(binding_name)
+    if entry is None:
+        return {}
+    binding, tns = entry
+    port_type = outline.port_types.get(_qname(binding, binding.get("type"), tns, default_ns=False) or "")
+    if port_type is None:
+        return {}
+    index: dict[str, list[tuple[str, str]]] = {}
+    for abstract in port_type[0].findall(f"{{{WSDL}}}operation"):
+        found = index.setdefault(abstract.get("name") or "", [])
+        for ref in abstract:
+            message_name = _qname(ref, ref.get("message"), port_type[1], default_ns=False) \
+                if isinstance(ref.tag, str) else None
+            message = outline.messages.get(message_name or "")
+            for part in message[0].findall(f"{{{WSDL}}}part") if message is not None else ():
+                for attribute in ("element", "type"):
+                    if qname := _qname(part, part.get(attribute), None, default_ns=True):
+                        found.append((f"its {etree.QName(ref).localname} message {message_name}, part "
+                                      f"{part.get('name')}", qname))
+    return index
 
 
 def dropped_operations(outline: WsdlOutline, types, binding_name: str, kept: set[str]) -> list[FailedOperation]:

@@ -19,6 +19,7 @@ from zeep.wsdl.bindings.soap import SoapBinding
 
 from libs.errors import Unavailable, ValidationFailed
 from services.adapter.adapters.wsdl_loader import DocumentRefused, OfflineTransport
+from services.adapter.adapters.wsdl_missing import MissingImports, stand_in
 from services.adapter.adapters.wsdl_repairs import drop_elements
 
 __all__ = ["LoadedWsdl", "WsdlSource", "load_wsdl", "upload_location"]
@@ -51,6 +52,7 @@ class LoadedWsdl:
     documents: dict[str, bytes]  # every document read, to store and re-import offline
     wsdl_hash: str
     warnings: list[str]
+    missing: MissingImports = field(default_factory=MissingImports)  # companions that could not be read
 
 
 def upload_location(backend_id: str) -> str:
@@ -166,14 +168,26 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
     settings = Settings(strict=True, xml_huge_tree=False, forbid_dtd=True, forbid_entities=True)
     field_name = source.field_name()
     repairs: list[str] = []
+    missing, stand_ins, originals, refused = MissingImports(), {}, {}, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(_MAX_REPAIRS):
             transport = OfflineTransport(documents=documents, origin=location, allow_remote=allow_remote,
-                                         file_roots=file_roots, timeout=timeout)
+                                         file_roots=file_roots, timeout=timeout, stand_ins=stand_ins)
             try:
                 document = Document(location, transport, settings=settings)
                 break
+            except DocumentRefused as exc:
+                # A companion that cannot be read must not sink the operations that never use it.
+                found = stand_in(transport.loaded, exc.location) if exc.location != location else None
+                if found is None or exc.location in stand_ins:
+                    raise _load_error(exc, location, source, field_name) from None
+                refused = refused or exc
+                stand_ins[exc.location], namespace = found
+                missing.add(exc.location, namespace, exc.reason, exc.hint)
+                for url, content in transport.loaded.items():
+                    originals.setdefault(url, content)
+                documents.update(transport.loaded)
             except ZeepLookupError as exc:
                 # One undefined type must not sink every operation: elements typed with it become
                 # untyped (any value), and the import says so by name.
@@ -181,6 +195,8 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                 changed = _untype(transport.loaded, qname) if qname is not None else {}
                 if not changed:
                     raise _load_error(exc, location, source, field_name) from None
+                for url, content in transport.loaded.items():
+                    originals.setdefault(url, content)
                 documents.update(transport.loaded)
                 documents.update(changed)
                 repairs.append(f"type {qname} is defined in no loaded schema; what uses it accepts any value")
@@ -191,6 +207,8 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
                 if repair is None:
                     raise _load_error(exc, location, source, field_name) from None
                 changed, note = repair
+                for url, content in transport.loaded.items():
+                    originals.setdefault(url, content)
                 documents.update(transport.loaded)
                 documents.update(changed)
                 repairs.append(note)
@@ -199,11 +217,19 @@ def load_wsdl(source: WsdlSource, backend_id: str, *, allow_remote: bool = False
         else:
             raise ValidationFailed(f"the WSDL references more than {_MAX_REPAIRS} undefined types or definitions",
                                    field=field_name, hint="import the schemas and documents that define them")
-    notes = list(dict.fromkeys(transport.repairs + repairs + [str(w.message) for w in caught]))
-    loaded = dict(transport.loaded)
+    notes = list(dict.fromkeys(missing.notes() + transport.repairs + repairs + [str(w.message) for w in caught]))
+    # What is stored is what was read (repairs are made again at each load), so that a restart finds
+    # the same problems and names them the same way.
+    loaded = {url: originals.get(url, content) for url, content in transport.loaded.items()}
+    # Missing companions are stored empty, so a restart (offline) finds them missing without fetching.
+    loaded.update({url: b"" for url in missing.documents if url not in loaded})
     if not any(document.services.values()) and not any(isinstance(b, SoapBinding)
                                                        for b in document.bindings.values()):
+        if refused is not None:  # nothing to call without it: the missing document is the problem to name
+            raise _load_error(refused, location, source, field_name)
         raise ValidationFailed("the WSDL declares no service (wsdl:service) and no SOAP binding, so there is "
                                "nothing to call", field=field_name,
                                hint="import the WSDL that holds the binding, service and port definitions")
-    return LoadedWsdl(document, location, loaded, _hash(loaded), notes)
+    if missing.documents:
+        missing.trace(loaded)  # as read: before undefined types were loosened to "any value"
+    return LoadedWsdl(document, location, loaded, _hash(loaded), notes, missing)

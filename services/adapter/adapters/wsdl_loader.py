@@ -6,7 +6,8 @@ xsd:include). This transport answers in this order:
 1. the standard schemas (SOAP 1.1/1.2 envelope and encoding, WS-Addressing, xml.xsd, WSDL,
    xmlmime) from the copies bundled in ``standard_schemas/``, never from the network;
 2. documents handed in with the import (an uploaded WSDL and its companions, or the documents
-   stored by an earlier import, which is how a restart re-imports offline);
+   stored by an earlier import, which is how a restart re-imports offline; an empty one is a
+   companion that was missing then, refused again without looking for it);
 3. files, when the import names a file and the path lies under an allowed root;
 4. http(s): the URL the import names and documents on the same origin (that is what asking to
    import a URL means), any other host only when the import sets ``allow_remote``.
@@ -135,9 +136,12 @@ class OfflineTransport(Transport):
 
     def __init__(self, *, documents: dict[str, bytes] | None = None, origin: str | None = None,
                  allow_remote: bool = False, file_roots: tuple[Path, ...] | None = (),
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, stand_ins: dict[str, bytes] | None = None) -> None:
         super().__init__(timeout=timeout)
         self.documents = dict(documents or {})
+        # Imports that cannot be read, answered with an empty document of the imported namespace so that
+        # the rest of the WSDL loads; not recorded in `loaded` (what is stored is what was really read).
+        self.stand_ins = dict(stand_ins or {})
         self.origin = _origin(origin) if origin and urlsplit(origin).scheme in ("http", "https") else None
         self.allow_remote = allow_remote
         self.file_roots = file_roots  # None: any file (operator configuration); () : none
@@ -150,7 +154,12 @@ class OfflineTransport(Transport):
         bundled = standard_schema(url)
         if bundled is not None:
             return bundled
+        if url in self.stand_ins:
+            return self.stand_ins[url]
         content = self.documents.get(url)
+        if content == b"":  # stored by an earlier import as missing: refused again, offline
+            raise DocumentRefused(url, "was missing when the WSDL was imported",
+                                  "import the WSDL again once the document is available")
         if content is None:
             content = self._fetch(url)
         self.loaded[url] = content

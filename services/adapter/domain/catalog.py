@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 __all__ = ["Catalog", "FailedOperation", "OperationTool", "PortInfo", "describe_operation"]
@@ -50,10 +51,17 @@ class Catalog:
     kind: str = "soap"  # or "com"
 
     def tool(self, name_or_operation: str) -> OperationTool | None:
-        for tool in self.tools:
-            if name_or_operation in (tool.name, tool.operation):
-                return tool
-        return None
+        return self._by_name.get(name_or_operation)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, OperationTool]:
+        """Tool name and WSDL operation name -> tool, the first in order winning: built once, so a call
+        looks its tool up in constant time (public WSDLs reach 1,500 operations)."""
+        index: dict[str, OperationTool] = {}
+        for tool in reversed(self.tools):
+            index[tool.operation] = tool
+            index[tool.name] = tool
+        return index
 
 
 def describe_operation(operation: str, service: str, documentation: str, input_schema: dict,

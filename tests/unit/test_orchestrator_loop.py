@@ -169,7 +169,7 @@ async def test_a_timed_out_call_still_running_at_the_gateway_is_asked_again_unti
     assert "delivered" in last_reply(session).text
 
 
-async def test_a_call_still_running_when_verification_gives_up_counts_as_not_done(world) -> None:
+async def test_a_call_still_running_when_verification_gives_up_is_not_made_again(world) -> None:
     never = asyncio.Event()
 
     async def hangs(args):
@@ -179,10 +179,11 @@ async def test_a_call_still_running_when_verification_gives_up_counts_as_not_don
     world.tools.default_status = CallStatus("running")
     world.agent.tool_deadline_seconds, world.agent.verify_seconds = 0.05, 0.3
 
-    await world.say("status of order A12345")
+    session = await world.say("status of order A12345")
 
     finished = await world.events(ActionFinished)
-    assert finished[0].outcome == Outcome.TIMEOUT and finished[0].reason.endswith("status says running")
+    assert finished[0].outcome == Outcome.TIMEOUT and "status says running" in finished[0].reason
+    assert len(world.tools.calls) == 1 and session.state == State.ESCALATE_TO_HUMAN  # it may yet happen
     assert 2 <= world.tools.status_checks.count(world.tools.calls[0][2]) <= 6  # asked again, for a bounded time
 
 

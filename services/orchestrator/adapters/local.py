@@ -25,7 +25,11 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class ToolFailure(Exception):
-    """A tool's own failure (its backend answered with an error)."""
+    """A tool's own failure (its backend answered with an error); `retryable` as the gateway's error says."""
+
+    def __init__(self, reason: str, retryable: bool = True) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
 
 
 async def _order_status(args: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +71,7 @@ class LocalTools:
         except TimeoutError:
             return ToolResult(False, reason=f"no answer within {deadline_seconds} s", timed_out=True)
         except ToolFailure as exc:
-            return ToolResult(False, reason=str(exc))
+            return ToolResult(False, reason=str(exc), retryable=exc.retryable)
         except asyncio.CancelledError:
             self.cancelled.append(call_id)
             raise

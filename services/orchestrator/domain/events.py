@@ -154,6 +154,9 @@ class ActionFinished:
     result_json: str = "{}"
     reason: str = ""
     event_id: str = ""
+    # Not to be called again: the error said so (not retryable), or the call may have happened (its outcome
+    # is unknown, or it was still running when verification gave up). The task goes to a person instead.
+    do_not_retry: bool = False
 
 
 @dataclass(frozen=True)

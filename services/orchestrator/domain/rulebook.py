@@ -127,6 +127,8 @@ _TEMPLATES = {
     "block": "For your safety I cannot process identity or card numbers in chat. Please remove them.",
     "unknown": "I could not find anything about that. Could you say it differently?",
     "failed": "The tool did not answer after three tries; a colleague will take over.",
+    "not_retried": "I could not complete this, and it is not safe to try again on my own; a colleague will "
+                   "check what happened and take over.",
     "ungrounded": "Here is what the tool returned: {result}",
     "confirm_slot": "I have {value} on record as your {slot}. Shall I use it? (yes / no)",
     "confirm_again": "Please answer yes or no: shall I use {value} as your {slot}?",

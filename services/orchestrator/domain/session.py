@@ -52,6 +52,7 @@ class Action:
     outcome: str = ""  # "" while in flight
     result_json: str = "{}"
     reason: str = ""
+    do_not_retry: bool = False  # see ActionFinished
 
 
 @dataclass
@@ -88,6 +89,10 @@ class Task:
 
     def pending(self) -> list[Action]:
         return [a for a in self.actions if not a.outcome]
+
+    def not_to_retry(self) -> Action | None:
+        """The finished call that must not be made again (its tool is never called again in this task)."""
+        return next((a for a in self.actions if a.outcome and a.do_not_retry), None)
 
     def failures(self) -> int:
         return sum(1 for a in self.actions if a.outcome in (Outcome.ERROR, Outcome.TIMEOUT))
@@ -171,6 +176,7 @@ class Session:
             for action in self.task.actions:
                 if action.action_id == e.action_id and not action.outcome:
                     action.outcome, action.result_json, action.reason = e.outcome, e.result_json, e.reason
+                    action.do_not_retry = e.do_not_retry
 
     def _apply_delegation(self, e: DelegationAnswered | DelegationChecked | CompensationFinished) -> None:
         d = self.task.delegation if self.task is not None else None

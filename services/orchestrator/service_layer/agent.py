@@ -18,7 +18,7 @@ import json
 import string
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from libs.logs import get_logger
@@ -80,6 +80,7 @@ class Agent:
     verify_seconds: float = 5.0
     agents: AgentClient | None = None  # other agents (A2A) a rule or a decision may delegate to
     clock: Callable[[], float] = time.time
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # with `clock`: a test's own time
     counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
     budget: Budget = field(default_factory=Budget)
     _detector: tuple[RuleBook, InterruptDetector] | None = field(default=None, repr=False)
@@ -189,9 +190,10 @@ class Agent:
                 events.append(ActionFinished(action.action_id, task.task_id, Outcome.OK, result_json,
                                              "its runner stopped; the backend's status says done"))
                 settled.append((action, result_json))
-            else:
+            else:  # still running: it may yet happen, so it is not made again (a person takes over)
                 events.append(ActionFinished(action.action_id, task.task_id, Outcome.TIMEOUT,
-                                             reason=f"its runner stopped; the backend's status says {status.state}"))
+                                             reason=f"its runner stopped; the backend's status says {status.state}",
+                                             do_not_retry=status.state == "running"))
         if task.pending() and session.state == State.ROUTING:
             verified = bool(settled)
             events.append(StateChanged(State.ROUTING, State.GENERATING, "tool result verified", task_id=task.task_id)
@@ -303,6 +305,11 @@ class Agent:
                                                              task_id=tid)])
         if task.pending():
             return session  # a call from before a pause is still running; its runner carries on
+        final = task.not_to_retry()
+        if final is not None:  # resumed after a call that must not run again: the fallback hands it over
+            return await self._commit(session, [StateChanged(State.ROUTING, State.FALLBACK,
+                                                             f"{final.tool} must not be called again",
+                                                             task_id=tid)])
         intent = book.intents.get(decision.intent)
         if intent is not None:
             missing = await self._missing_slot(session, intent, user_id)
@@ -374,19 +381,28 @@ class Agent:
             session.tenant_id, user_id, session.session_id, tool, arguments, action_id, self.tool_deadline_seconds))
         if result is None:
             return await self.sessions.load(session.tenant_id, session.session_id)  # cancelled by an interrupt
-        outcome, reason = Outcome.OK, "tool answered"
+        outcome, reason, final = Outcome.OK, "tool answered", False
         if result.timed_out:  # the answer was lost, not necessarily the work: ask before retrying
             status = await self._verify(session.tenant_id, action_id)
             if status.state == "done":
                 result, reason = ToolResult(True, status.result), "timed out; the backend's status says done"
             else:
                 outcome, reason = Outcome.TIMEOUT, f"timed out; the backend's status says {status.state}"
+                # Only a call the backend says failed may run again, and only if the error allows it: "unknown"
+                # and "running" mean it may have happened (a second call could charge twice).
+                final = status.state != "failed" or not result.retryable
+                if not result.retryable and result.reason:
+                    reason += f" ({result.reason})"[:300]
         elif not result.ok:
             outcome, reason = Outcome.ERROR, result.reason or "the tool failed"
+            final = not result.retryable
         if outcome == Outcome.OK and verify_field and not result.result.get(verify_field):
             outcome, reason = Outcome.ERROR, f"the result was not verified: {verify_field!r} is missing"
+        if final:
+            reason += "; not retryable: handed to a person"
         result_json = json.dumps(result.result, ensure_ascii=False, sort_keys=True)
-        events: list[SessionEvent] = [ActionFinished(action_id, task.task_id, outcome, result_json, reason)]
+        events: list[SessionEvent] = [ActionFinished(action_id, task.task_id, outcome, result_json, reason,
+                                                     do_not_retry=final)]
         if outcome == Outcome.OK:
             await self._remember(session, user_id, action_id, tool, result_json)
             events.append(StateChanged(State.ROUTING, State.GENERATING, "tool result verified", task_id=task.task_id))
@@ -399,12 +415,12 @@ class Agent:
     async def _verify(self, tenant_id: str, call_id: str) -> CallStatus:
         """How a timed-out call really ended, by the gateway's record of its chain id: asked again while the
         gateway says it is still running (the work may yet finish), for at most `verify_seconds`."""
-        give_up, pause = time.monotonic() + self.verify_seconds, 0.05
+        give_up, pause = self.clock() + self.verify_seconds, 0.05
         while True:
             status = await self.gateway.status(tenant_id, call_id)
-            if status.state != "running" or time.monotonic() + pause > give_up:
+            if status.state != "running" or self.clock() + pause > give_up:
                 return status
-            await asyncio.sleep(pause)
+            await self.sleep(pause)
             pause = min(pause * 2, 0.5)
 
     async def _cancellable(self, session: Session, task_id: str, action_id: str, call) -> ToolResult | None:
@@ -483,6 +499,12 @@ class Agent:
 
     async def _fallback(self, session: Session, user_id: str) -> Session:
         task, book = session.task, self.rules()
+        final = task.not_to_retry()
+        if final is not None:  # never called again: a person decides what happened
+            why = f"{final.tool} must not be called again: {final.reason}"[:500]
+            return await self._commit(session, [self._say(session, book.template("not_retried"), Handling.REPLY),
+                                                TaskEnded(task.task_id, Outcome.ESCALATED, why),
+                                                StateChanged(State.FALLBACK, State.ESCALATE_TO_HUMAN, why)])
         if task.failures() >= MAX_TRIES:
             return await self._commit(session, [self._say(session, book.template("failed"), Handling.REPLY),
                                                 TaskEnded(task.task_id, Outcome.ESCALATED, f"{MAX_TRIES} tries failed"),

@@ -355,20 +355,22 @@ class SessionActionStarted(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class SessionActionFinished(_message.Message):
-    __slots__ = ("tenant", "action_id", "task_id", "outcome", "result_json", "reason")
+    __slots__ = ("tenant", "action_id", "task_id", "outcome", "result_json", "reason", "do_not_retry")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ACTION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DO_NOT_RETRY_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     action_id: str
     task_id: str
     outcome: str
     result_json: str
     reason: str
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., outcome: _Optional[str] = ..., result_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    do_not_retry: bool
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., action_id: _Optional[str] = ..., task_id: _Optional[str] = ..., outcome: _Optional[str] = ..., result_json: _Optional[str] = ..., reason: _Optional[str] = ..., do_not_retry: _Optional[bool] = ...) -> None: ...
 
 class SessionTurnRecovered(_message.Message):
     __slots__ = ("tenant", "task_id", "state", "idle_seconds", "reason")

@@ -52,7 +52,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
         GrpcToolGateway(channels["tools"], issue) if "tools" in channels else LocalTools(),
         memory,
         llm, own.tool_deadline_seconds, own.turn_lease_seconds, verify_seconds=own.verify_seconds,
-        agents=A2AAgents(issue))
+        agents=A2AAgents(issue, own.a2a_timeout_seconds), delegation_seconds=own.a2a_timeout_seconds)
     ctx.closers.append(agent.drain)  # closed first (closers run in reverse): turns end before the channels
     ctx.tasks.append(lambda: rules.watch(own.rules_check_seconds))
     ctx.add_grpc(grpc_api.registration(sessions, agent))

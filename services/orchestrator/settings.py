@@ -25,6 +25,9 @@ class OrchestratorSettings(BaseSettings):
     # A timed-out call the gateway still reports running is asked about again for this long (GetCall by its
     # chain id) before it counts as not done and may be retried.
     verify_seconds: float = Field(5.0, ge=0, le=600)
+    # How long an agent delegated to (A2A) has to answer, card and message together; then the delegation counts
+    # as unanswered and its compensation runs (a tool call, within the tool deadline).
+    a2a_timeout_seconds: float = Field(30.0, gt=0, le=600)
     # Empty: the in-process fixture tools and memory (development); else host:port of the service.
     tool_gateway: str = ""
     retriever: str = ""
@@ -40,9 +43,13 @@ class OrchestratorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _lease_outlasts_a_call(self) -> OrchestratorSettings:
-        if self.turn_lease_seconds <= self.tool_deadline_seconds + self.verify_seconds + 1:
+        call = self.tool_deadline_seconds + self.verify_seconds
+        delegation = self.a2a_timeout_seconds + self.tool_deadline_seconds  # the answer, then the compensation
+        if self.turn_lease_seconds <= max(call, delegation) + 1:
             raise ValueError(f"MNEMESH_ORCHESTRATOR_TURN_LEASE_SECONDS ({self.turn_lease_seconds:g}) must exceed "
                              f"MNEMESH_ORCHESTRATOR_TOOL_DEADLINE_SECONDS ({self.tool_deadline_seconds:g}) + "
-                             f"MNEMESH_ORCHESTRATOR_VERIFY_SECONDS ({self.verify_seconds:g}) + 1: a "
-                             "call in flight would look like a dead runner")
+                             f"MNEMESH_ORCHESTRATOR_VERIFY_SECONDS ({self.verify_seconds:g}) + 1 and "
+                             f"MNEMESH_ORCHESTRATOR_A2A_TIMEOUT_SECONDS ({self.a2a_timeout_seconds:g}) + the tool "
+                             "deadline (the compensation's) + 1: a call or a delegation in flight would look like "
+                             "a dead runner")
         return self

@@ -32,6 +32,7 @@ from services.orchestrator.domain.events import (
     StateChanged,
     TaskEnded,
     TaskStarted,
+    TurnRecovered,
     Versioned,
 )
 from services.orchestrator.domain.interrupts import Interrupt, Kind
@@ -86,6 +87,9 @@ class Task:
     offers: dict[str, list[str]] = field(default_factory=dict)  # slot -> [value, memory id] awaiting a yes/no
     declined: list[str] = field(default_factory=list)  # memory ids the user did not confirm
     delegation: Delegation | None = None
+    # How many times another runner took the task over (TurnRecovered): a runner that saw fewer lost its lease
+    # and appends nothing more.
+    recoveries: int = 0
 
     def pending(self) -> list[Action]:
         return [a for a in self.actions if not a.outcome]
@@ -170,6 +174,8 @@ class Session:
             self.task.answers.clear()
         elif isinstance(e, DelegationStarted):
             self.task.delegation = Delegation(e.delegation_id, e.agent)
+        elif isinstance(e, TurnRecovered):
+            self.task.recoveries += 1
         elif isinstance(e, ActionStarted):
             self.task.actions.append(Action(e.action_id, e.tool, e.arguments_json, e.attempt))
         elif isinstance(e, ActionFinished):
@@ -199,7 +205,7 @@ class Session:
             task = Task(task.task_id, task.text, task.message_version, task.decision,
                         {k: list(v) for k, v in task.slots.items()}, [replace(a) for a in task.actions],
                         list(task.answers), {k: list(v) for k, v in task.offers.items()}, list(task.declined),
-                        replace(task.delegation) if task.delegation is not None else None)
+                        replace(task.delegation) if task.delegation is not None else None, task.recoveries)
         return Session(self.tenant_id, self.session_id, self.version, self.state, list(self.messages), task,
                        list(self.queue), self.paused_from, self.tasks_ended, self.step_at)
 
@@ -221,7 +227,8 @@ class Session:
             task = Task(task["task_id"], task["text"], task["message_version"], decision,
                         {k: list(v) for k, v in task["slots"].items()},
                         [Action(**a) for a in task["actions"]], list(task["answers"]),
-                        {k: list(v) for k, v in task["offers"].items()}, list(task["declined"]), delegation)
+                        {k: list(v) for k, v in task["offers"].items()}, list(task["declined"]), delegation,
+                        task.get("recoveries", 0))
         messages = [MessageAppended(**{**m, "citations": tuple(m["citations"])}) for m in data["messages"]]
         return cls(data["tenant_id"], data["session_id"], data["version"], State(data["state"]), messages, task,
                    [(q[0], q[1]) for q in data["queue"]], State(data["paused_from"]) if data["paused_from"] else None,

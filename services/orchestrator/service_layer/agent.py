@@ -44,7 +44,14 @@ from services.orchestrator.domain.context import Budget, ContextInput, TokenCoun
 from services.orchestrator.domain.grounding import Source, check_reply
 from services.orchestrator.domain.interrupts import Interrupt, InterruptDetector, Kind
 from services.orchestrator.domain.rulebook import RuleBook
-from services.orchestrator.service_layer.delegation import AgentClient, Compensation, Delegate, Expectation, delegate
+from services.orchestrator.service_layer.delegation import (
+    AgentClient,
+    Compensation,
+    Delegate,
+    Expectation,
+    delegate,
+    until_stopped,
+)
 from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
     CallStatus,
@@ -79,6 +86,7 @@ class Agent:
     # counts as not done (and may be retried).
     verify_seconds: float = 5.0
     agents: AgentClient | None = None  # other agents (A2A) a rule or a decision may delegate to
+    delegation_seconds: float = 30.0  # how long an agent delegated to has to answer (then its compensation runs)
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # with `clock`: a test's own time
     counter: TokenCounter = field(default_factory=packaged_tokenizer)  # a real tokenizer, from a package
@@ -91,6 +99,10 @@ class Agent:
             raise ValueError(f"lease_seconds ({self.lease_seconds}) must exceed the tool deadline "
                              f"({self.tool_deadline_seconds}) plus verify_seconds ({self.verify_seconds}): a call "
                              "in flight or being verified would look like a dead runner")
+        if self.agents is not None and self.lease_seconds <= self.delegation_seconds + self.tool_deadline_seconds:
+            raise ValueError(f"lease_seconds ({self.lease_seconds}) must exceed delegation_seconds "
+                             f"({self.delegation_seconds}) plus the compensation's deadline, the tool deadline "
+                             f"({self.tool_deadline_seconds}): a delegation in flight would look like a dead runner")
 
     async def run_turn(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
         """`advance`, carried on to its end even when the caller stops waiting (a client cancelling Send)."""
@@ -377,8 +389,10 @@ class Agent:
                                                              json.dumps(arguments, ensure_ascii=False), attempt)])
         if started.task is None or action_id not in {a.action_id for a in started.task.actions}:
             return started  # interrupted, or another runner got there first
-        result = await self._cancellable(started, task.task_id, action_id, self.gateway.call(
-            session.tenant_id, user_id, session.session_id, tool, arguments, action_id, self.tool_deadline_seconds))
+        result = await until_stopped(  # None: the session cancelled it (hard stop, redirect) while in flight
+            self.gateway.call(session.tenant_id, user_id, session.session_id, tool, arguments, action_id,
+                              self.tool_deadline_seconds),
+            lambda: self._cancelled(started, task.task_id, action_id))
         if result is None:
             return await self.sessions.load(session.tenant_id, session.session_id)  # cancelled by an interrupt
         outcome, reason, final = Outcome.OK, "tool answered", False
@@ -423,21 +437,6 @@ class Agent:
             await self.sleep(pause)
             pause = min(pause * 2, 0.5)
 
-    async def _cancellable(self, session: Session, task_id: str, action_id: str, call) -> ToolResult | None:
-        """The call's result, or None when the session cancelled it (hard stop, redirect) while in flight."""
-        calling = asyncio.ensure_future(call)
-        watching = asyncio.ensure_future(self._cancelled(session, task_id, action_id))
-        try:
-            await asyncio.wait({calling, watching}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for job in (calling, watching):
-                if not job.done():
-                    job.cancel()
-            await asyncio.gather(calling, watching, return_exceptions=True)
-        if calling.cancelled() or (watching.done() and not watching.cancelled()):
-            return None
-        return calling.result()
-
     async def _cancelled(self, session: Session, task_id: str, action_id: str) -> None:
         async for item in self.sessions.follow(session.tenant_id, session.session_id, session.version):
             e = item.event
@@ -464,11 +463,14 @@ class Agent:
                 why = "no agent client is configured" if spec is not None else \
                     f"agent {asked.get('agent')!r} is no longer declared in the rules"
                 return await self._hand_over(session, book.template("human"), f"cannot delegate: {why}")
-            await delegate(Delegate(session.tenant_id, user_id, session.session_id, spec.url, asked["text"],
+            done = await delegate(Delegate(session.tenant_id, user_id, session.session_id, spec.url, asked["text"],
                                     Expectation(spec.expect_state, spec.reply_contains),
                                     Compensation(spec.compensation_tool, spec.compensation_arguments)),
                            self.sessions, self.memory, self.agents, self.gateway, self.tool_deadline_seconds,
-                           stopped=lambda: self._cancelled(session, task.task_id, ""))
+                           stopped=lambda: self._cancelled(session, task.task_id, ""),
+                           answer_seconds=self.delegation_seconds)
+            if done.taken_over:  # this runner lost its lease: the one that took over carries the task on
+                return session
             session = await self.sessions.load(session.tenant_id, session.session_id)
             if not session.busy_with(task.task_id, State.ROUTING):
                 return session  # interrupted meanwhile: the delegation's steps are recorded, the task is gone

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from libs.errors import ValidationFailed
 from libs.validation import check_session_id, check_tenant_id
@@ -31,7 +31,7 @@ from services.orchestrator.domain import (
 from services.orchestrator.service_layer.ports import MemoryWriter, SessionRepository, ToolGateway
 
 __all__ = ["DEPTH_KEY", "EXPECTED_KEY", "MAX_DEPTH", "AgentAnswer", "AgentClient", "Compensation", "Delegate",
-           "Delegated", "Expectation", "OutcomeRecorder", "delegate", "delegation_depth"]
+           "Delegated", "Expectation", "OutcomeRecorder", "delegate", "delegation_depth", "until_stopped"]
 
 EXPECTED_KEY = "mnemesh.expected_memory_id"
 ACTUAL_KEY = "mnemesh.actual_memory_id"
@@ -41,6 +41,7 @@ ACTUAL_KEY = "mnemesh.actual_memory_id"
 DEPTH_KEY = "mnemesh.delegation_depth"
 MAX_DEPTH = 3
 delegation_depth: ContextVar[int] = ContextVar("delegation_depth", default=0)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Delegated:
     matched: bool
     reasons: tuple[str, ...] = ()
     compensated: str = ""    # the compensation's outcome when it ran: ok, error, timeout
+    taken_over: bool = False  # another runner took the turn over meanwhile: this one stopped recording
 
 
 def _check(cmd: Delegate) -> None:
@@ -110,38 +112,65 @@ def _check(cmd: Delegate) -> None:
 
 async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWriter, agents: AgentClient,
                    gateway: ToolGateway, deadline_seconds: float = 10.0,
-                   stopped: Callable[[], Awaitable[None]] | None = None) -> Delegated:
+                   stopped: Callable[[], Awaitable[None]] | None = None, answer_seconds: float = 30.0) -> Delegated:
     """`stopped`, when given, returns when the caller's task is stopped (a hard stop): the call to the agent is
-    then cancelled, and since what the agent did is unknown, the compensation runs."""
+    then cancelled, and since what the agent did is unknown, the compensation runs. The agent has
+    `answer_seconds` to answer (else it did not answer); the compensation, `deadline_seconds`.
+
+    A runner whose turn another runner took over (its lease ran out: a TurnRecovered of the task) stops where it
+    is: it appends nothing more and runs no compensation; the runner that took over hands the task to a person."""
     _check(cmd)
     delegation_id = str(uuid.uuid4())
-
-    async def record(event: SessionEvent) -> Session:
-        return await sessions.update(cmd.tenant_id, cmd.session_id, lambda _session: [event])
-
     expected_json = json.dumps(asdict(cmd.expected), ensure_ascii=False, sort_keys=True)
     expected_id = await memory.record_outcome(
         cmd.tenant_id, cmd.user_id, cmd.session_id, f"expected outcome of {cmd.agent}: {expected_json}",
         tags=("a2a:expected",), derived_from=(), idempotency_key=f"{delegation_id}:expected")
     session = await sessions.load(cmd.tenant_id, cmd.session_id)
-    await record(DelegationStarted(delegation_id, session.task.task_id if session.task else "", cmd.agent, cmd.text,
-                                   expected_json, expected_id,
-                                   json.dumps(asdict(cmd.compensation), ensure_ascii=False, sort_keys=True)))
+    task_id = session.task.task_id if session.task else ""
+    lease = _Lease(task_id, session.task.recoveries if session.task else 0)
+
+    async def record(event: SessionEvent) -> None:
+        await sessions.update(cmd.tenant_id, cmd.session_id, lease.guard(event))
+        if lease.lost:
+            raise _LeaseLost
+
     try:
-        answer = await _unless_stopped(agents.send(cmd.agent, cmd.tenant_id, cmd.context_id or delegation_id,
-                                                   cmd.text, {EXPECTED_KEY: expected_id,
-                                                              DEPTH_KEY: delegation_depth.get() + 1}), stopped)
+        return await _run(cmd, delegation_id, expected_id, expected_json, task_id, record, agents, gateway,
+                          deadline_seconds, stopped, answer_seconds)
+    except _LeaseLost:
+        return Delegated(delegation_id, False, ("another runner took the turn over (its lease ran out)",),
+                         taken_over=True)
+
+
+async def _run(cmd: Delegate, delegation_id: str, expected_id: str, expected_json: str, task_id: str,
+               record: Callable[[SessionEvent], Awaitable[None]], agents: AgentClient, gateway: ToolGateway,
+               deadline_seconds: float, stopped: Callable[[], Awaitable[None]] | None,
+               answer_seconds: float) -> Delegated:
+    await record(DelegationStarted(delegation_id, task_id, cmd.agent, cmd.text, expected_json, expected_id,
+                                   json.dumps(asdict(cmd.compensation), ensure_ascii=False, sort_keys=True)))
+    sending = agents.send(cmd.agent, cmd.tenant_id, cmd.context_id or delegation_id, cmd.text,
+                          {EXPECTED_KEY: expected_id, DEPTH_KEY: delegation_depth.get() + 1})
+    try:
+        async with asyncio.timeout(answer_seconds):
+            answer = await until_stopped(sending, stopped)
+    except TimeoutError:
+        reasons = [f"the agent did not answer within {answer_seconds:g} s"]
+        await record(DelegationAnswered(delegation_id, "", reason=reasons[0]))
     except (OSError, RuntimeError, ValueError) as exc:
         reasons = [f"the agent did not answer: {exc}"[:500]]
         await record(DelegationAnswered(delegation_id, "", reason=reasons[0]))
     else:
-        actual = {"state": answer.metadata.get("mnemesh.state", ""), "reply": answer.reply}
-        actual_id = str(answer.metadata.get(ACTUAL_KEY, ""))
-        await record(DelegationAnswered(delegation_id, answer.reply, json.dumps(actual, ensure_ascii=False),
-                                        actual_id))
-        reasons = cmd.expected.problems(actual)
-        if not actual_id:
-            reasons.append("the agent recorded no actual outcome")
+        if answer is None:
+            reasons = ["the agent did not answer: the task was stopped while the agent worked: the call was cancelled"]
+            await record(DelegationAnswered(delegation_id, "", reason=reasons[0]))
+        else:
+            actual = {"state": answer.metadata.get("mnemesh.state", ""), "reply": answer.reply}
+            actual_id = str(answer.metadata.get(ACTUAL_KEY, ""))
+            await record(DelegationAnswered(delegation_id, answer.reply, json.dumps(actual, ensure_ascii=False),
+                                            actual_id))
+            reasons = cmd.expected.problems(actual)
+            if not actual_id:
+                reasons.append("the agent recorded no actual outcome")
     await record(DelegationChecked(delegation_id, not reasons, "; ".join(reasons) or "as expected"))
     if not reasons:
         return Delegated(delegation_id, True)
@@ -153,14 +182,36 @@ async def delegate(cmd: Delegate, sessions: SessionRepository, memory: MemoryWri
     return Delegated(delegation_id, False, tuple(reasons), outcome)
 
 
-class _Stopped(RuntimeError):
+@dataclass
+class _Lease:
+    """The task this runner delegates for and how many take-overs it has seen: a take-over since means it lost
+    the turn. (No task: a delegation outside the loop, recorded as it goes; a task that ended meanwhile, by a
+    stop, keeps its delegation's steps recorded.)"""
+
+    task_id: str
+    recoveries: int
+    lost: bool = False
+
+    def guard(self, event: SessionEvent) -> Callable[[Session], list[SessionEvent]]:
+        def decide(current: Session) -> list[SessionEvent]:
+            task = current.task
+            self.lost = bool(self.task_id) and task is not None and task.task_id == self.task_id \
+                and task.recoveries != self.recoveries
+            return [] if self.lost else [event]
+        return decide
+
+
+class _LeaseLost(Exception):
     pass
 
 
-async def _unless_stopped(call: Awaitable[AgentAnswer], stopped: Callable[[], Awaitable[None]] | None) -> AgentAnswer:
+async def until_stopped(call: Awaitable[T], stopped: Callable[[], Awaitable[None]] | None) -> T | None:
+    """The call's result, or None when `stopped` returned first (the call is then cancelled). Shared by the
+    agent's tool calls and its delegations: whatever the session says stops a step cancels the work in flight."""
+    calling = asyncio.ensure_future(call)
     if stopped is None:
-        return await call
-    calling, watching = asyncio.ensure_future(call), asyncio.ensure_future(stopped())
+        return await calling
+    watching = asyncio.ensure_future(stopped())
     try:
         await asyncio.wait({calling, watching}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -168,8 +219,8 @@ async def _unless_stopped(call: Awaitable[AgentAnswer], stopped: Callable[[], Aw
             if not job.done():
                 job.cancel()
         await asyncio.gather(calling, watching, return_exceptions=True)
-    if calling.cancelled() or not calling.done() or (watching.done() and not watching.cancelled()):
-        raise _Stopped("the task was stopped while the agent worked: the call was cancelled")
+    if calling.cancelled() or (watching.done() and not watching.cancelled()):
+        return None
     return calling.result()
 
 

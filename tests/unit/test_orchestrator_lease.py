@@ -75,3 +75,36 @@ async def test_a_runner_whose_turn_was_taken_over_stops_recording_and_compensate
     assert tools.calls == []  # ...and no compensation run behind the new runner's back
     session = await sessions.load("acme", "s1")
     assert session.state == State.ROUTING and session.task.recoveries == 1
+
+
+# --- one helper races a call against the session (tool calls and delegations alike) -------------------------
+
+
+async def test_until_stopped_returns_the_result_or_none_and_cancels_what_lost_the_race() -> None:
+    from services.orchestrator.service_layer import agent as agent_module
+    from services.orchestrator.service_layer import delegation as delegation_module
+    from services.orchestrator.service_layer.delegation import until_stopped
+
+    async def answers():
+        return "done"
+
+    never = asyncio.Event()
+    cancelled = []
+
+    async def hangs():
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.append("call")
+            raise
+
+    async def stops():
+        return None
+
+    assert await until_stopped(answers(), None) == "done"
+    assert await until_stopped(answers(), hangs) == "done" and cancelled == ["call"]  # the watcher is cancelled
+    with anyio.fail_after(5):
+        assert await until_stopped(hangs(), stops) is None
+    assert cancelled == ["call", "call"]  # the call is cancelled
+    # The one helper: neither the agent nor the delegation keeps a copy of its own.
+    assert not hasattr(agent_module.Agent, "_cancellable") and not hasattr(delegation_module, "_unless_stopped")

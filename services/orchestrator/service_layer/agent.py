@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import string
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,9 +31,7 @@ from services.orchestrator.domain import (
     Outcome,
     Session,
     SessionEvent,
-    SlotDeclined,
     SlotFilled,
-    SlotOffered,
     State,
     StateChanged,
     TaskEnded,
@@ -42,38 +39,36 @@ from services.orchestrator.domain import (
 )
 from services.orchestrator.domain.context import Budget, ContextInput, TokenCounter, build_context
 from services.orchestrator.domain.grounding import Source, check_reply
-from services.orchestrator.domain.interrupts import Interrupt, InterruptDetector, Kind
+from services.orchestrator.domain.interrupts import InterruptDetector
 from services.orchestrator.domain.rulebook import RuleBook
 from services.orchestrator.service_layer.delegation import (
     AgentClient,
-    Compensation,
-    Delegate,
-    Expectation,
-    delegate,
     until_stopped,
 )
+from services.orchestrator.service_layer.delegation_routing import DelegationRouting
 from services.orchestrator.service_layer.planner import DECISION_PROMPT, decide_open_question
 from services.orchestrator.service_layer.ports import (
     CallStatus,
     DecisionMaker,
-    MemoryHit,
     MemoryWriter,
     Retriever,
     SessionRepository,
     ToolGateway,
     ToolResult,
 )
+from services.orchestrator.service_layer.slot_confirmation import CONFIRMED, SlotConfirmation
+from services.orchestrator.service_layer.templating import fill as _fill
+from services.orchestrator.service_layer.templating import plain as _plain
 
 __all__ = ["MAX_TRIES", "Agent"]
 
 log = get_logger(__name__)
 MAX_TRIES = 3
-_CONFIRMED = "memory:L2-confirmed:"  # the source of a slot filled from an L2 memory the user confirmed
 _MAX_STEPS = 64  # a task that has not settled after this many steps is a bug, not a loop to keep running
 
 
 @dataclass
-class Agent:
+class Agent(SlotConfirmation, DelegationRouting):
     sessions: SessionRepository
     rules: Callable[[], RuleBook]
     retriever: Retriever
@@ -132,24 +127,6 @@ class Agent:
         if self._detector is None or self._detector[0] is not book:
             self._detector = (book, InterruptDetector(book.phrases))
         return self._detector[1]
-
-    def unless_answering(self, session: Session, text: str, interrupt: Interrupt | None) -> Interrupt | None:
-        """The interrupt, unless the message answers the offer of a remembered value: "no, not that one" and
-        "no, it is B54321" open like a redirect ("no, ...") but answer the question ("shall I use A12345?").
-        A redirect whose rest is a request a rule recognises ("不对，先查发票 B54321") stays a redirect."""
-        task = session.task
-        if interrupt is None or interrupt.kind != Kind.REDIRECT or task is None or not task.offers \
-                or session.state != State.IDLE or task.decision is None:
-            return interrupt
-        book = self.rules()
-        intent = book.intents.get(task.decision.intent)
-        validators = [s.validator for s in intent.slots if s.name in task.offers] if intent else []
-        if book.confirm.classify(text) is not None and (
-                book.confirm.classify(interrupt.rest) is not None  # "no, not that one"
-                or (any(v.extract(interrupt.rest)[0] is not None for v in validators)  # "no, it is B54321"
-                    and book.match(interrupt.rest) is None)):  # ...and not "no, check the invoice of B54321"
-            return None
-        return interrupt
 
     async def advance(self, tenant_id: str, session_id: str, user_id: str = "") -> Session:
         """Run the session's open task (and then any queued message) until it waits for the user."""
@@ -233,8 +210,8 @@ class Agent:
                                                                        task_id=task.task_id)])
             if after.version > session.version:
                 for e in events:
-                    if isinstance(e, SlotFilled) and e.source.startswith(_CONFIRMED):
-                        await self._confirm_memory(session, user_id, e.source[len(_CONFIRMED):], e.name)
+                    if isinstance(e, SlotFilled) and e.source.startswith(CONFIRMED):
+                        await self._confirm_memory(session, user_id, e.source[len(CONFIRMED):], e.name)
             return after
         rule = book.match(task.text)
         if rule is None:
@@ -254,41 +231,6 @@ class Agent:
                 events.append(SlotFilled(task.task_id, slot.name, value, "message"))
         events.append(StateChanged(State.PARSING, State.ROUTING, f"rule {rule.name} matched", task_id=task.task_id))
         return await self._commit(session, events)
-
-    def _answer_slots(self, session: Session, book: RuleBook) -> list[SessionEvent]:
-        task = session.task
-        intent = book.intents.get(task.decision.intent)
-        events = []
-        for slot in intent.slots if intent else ():
-            if slot.name in task.slots:
-                continue
-            value = next((v for v in (slot.validator.extract(a)[0] for a in task.answers) if v is not None), None)
-            offer = task.offers.get(slot.name)
-            if offer is not None:  # an L2 memory's value awaits the user's yes or no
-                offered, memory_id = offer
-                said = book.confirm.classify(task.answers[-1]) if task.answers else None
-                if value is not None and value != offered:
-                    events.append(SlotDeclined(task.task_id, slot.name, memory_id, "the user gave another value"))
-                elif value is not None or said == "yes":
-                    events.append(SlotFilled(task.task_id, slot.name, offered, f"{_CONFIRMED}{memory_id}"))
-                    continue
-                elif said == "no":
-                    events.append(SlotDeclined(task.task_id, slot.name, memory_id,
-                                               f"the user said no: {task.answers[-1][:200]!r}"))
-                    continue
-                else:
-                    continue  # neither yes nor no: the question is asked again
-            if value is not None:
-                events.append(SlotFilled(task.task_id, slot.name, value, "answer"))
-        return events
-
-    async def _confirm_memory(self, session: Session, user_id: str, memory_id: str, slot: str) -> None:
-        """The user confirmed an L2 memory: it becomes L1, used without asking from then on (advisory)."""
-        try:
-            await self.memory.confirm(session.tenant_id, user_id, memory_id,
-                                      f"confirmed by the user as {slot} in session {session.session_id}")
-        except (OSError, ValueError, RuntimeError) as exc:
-            log.warning("the confirmed memory was not promoted", memory_id=memory_id, error=str(exc))
 
     # --- ROUTING: carry out the decision ---------------------------------------------------------------------
 
@@ -332,48 +274,6 @@ class Agent:
         else:
             arguments = json.loads(decision.arguments_json)
         return await self._call(session, decision.tool, arguments, user_id, intent.verify_field if intent else "")
-
-    async def _missing_slot(self, session: Session, intent, user_id: str) -> Session | None:
-        task = session.task
-        book = self.rules()
-        for slot in intent.slots:
-            if slot.name in task.slots:
-                continue
-            label = slot.name.replace("_", " ")
-            if slot.name in task.offers:  # offered, and the answer was neither yes nor no
-                value, memory_id = task.offers[slot.name]
-                return await self._ask(session, _fill(book.template("confirm_again"), {"value": value, "slot": label}),
-                                       f"slot {slot.name}: the offered memory awaits yes or no", (memory_id,))
-            if slot.memory_key:  # a memory under the key, found by what the user asked and the key's words
-                found = await self._from_memory(session, slot, user_id)
-                if found is not None and found[0].strong:  # L1: used without asking
-                    return await self._commit(session, [SlotFilled(task.task_id, slot.name, found[1],
-                                                                   f"memory:L1:{found[0].memory_id}")])
-                if found is not None:  # L2: confirm before use
-                    hit, value = found
-                    return await self._ask(
-                        session, _fill(book.template("confirm_slot"), {"value": value, "slot": label}),
-                        f"slot {slot.name} offered from L2 memory {hit.memory_id}: confirm before use",
-                        (hit.memory_id,), SlotOffered(task.task_id, slot.name, value, hit.memory_id))
-            _, refused = slot.validator.extract(" ".join([task.text, *task.answers]))
-            question = f"{refused[0].upper()}{refused[1:]}. {slot.question}" if refused else slot.question
-            return await self._ask(session, question, f"slot {slot.name} missing")
-        return None
-
-    async def _from_memory(self, session: Session, slot, user_id: str) -> tuple[MemoryHit, str] | None:
-        """The best memory under the slot's key holding a valid value: an L1 one first, else an L2 one ("confirm
-        before use") the user has not declined in this task; L3 memories are advisory and never fill a slot."""
-        task = session.task
-        query = f"{task.text} {slot.memory_key.replace('_', ' ')}"
-        hits = await self.retriever.search(session.tenant_id, user_id, session.session_id, query, 10)
-        usable = []
-        for hit in hits:
-            if hit.key != slot.memory_key or hit.memory_id in task.declined or not (hit.strong or hit.must_confirm):
-                continue
-            value = slot.validator.extract(hit.content)[0]
-            if value is not None:
-                usable.append((hit, value))
-        return next((u for u in usable if u[0].strong), usable[0] if usable else None)
 
     async def _ask(self, session: Session, question: str, reason: str, citations: tuple[str, ...] = (),
                    *first: SessionEvent) -> Session:
@@ -451,51 +351,6 @@ class Agent:
                                          f"task {session.task.task_id}: {session.task.text}")
         except (OSError, ValueError, RuntimeError) as exc:  # memory is advisory here; the turn goes on
             log.warning("the step result was not written to memory", step_id=step_id, error=str(exc))
-
-    # --- ROUTING a delegation: another agent, its outcome checked, compensated on a mismatch ------------------
-
-    async def _delegate(self, session: Session, user_id: str) -> Session:
-        task, book = session.task, self.rules()
-        asked = json.loads(task.decision.arguments_json)
-        spec = book.agents.get(asked.get("agent", ""))
-        if task.delegation is None:
-            if spec is None or self.agents is None:
-                why = "no agent client is configured" if spec is not None else \
-                    f"agent {asked.get('agent')!r} is no longer declared in the rules"
-                return await self._hand_over(session, book.template("human"), f"cannot delegate: {why}")
-            done = await delegate(Delegate(session.tenant_id, user_id, session.session_id, spec.url, asked["text"],
-                                    Expectation(spec.expect_state, spec.reply_contains),
-                                    Compensation(spec.compensation_tool, spec.compensation_arguments)),
-                           self.sessions, self.memory, self.agents, self.gateway, self.tool_deadline_seconds,
-                           stopped=lambda: self._cancelled(session, task.task_id, ""),
-                           answer_seconds=self.delegation_seconds)
-            if done.taken_over:  # this runner lost its lease: the one that took over carries the task on
-                return session
-            session = await self.sessions.load(session.tenant_id, session.session_id)
-            if not session.busy_with(task.task_id, State.ROUTING):
-                return session  # interrupted meanwhile: the delegation's steps are recorded, the task is gone
-        d = session.task.delegation
-        name = spec.name if spec else asked.get("agent", "")
-        if d is None or not d.settled():  # its runner stopped half-way: what the agent did cannot be known here
-            return await self._hand_over(session, _fill(book.template("delegation_unsettled"), {"agent": name}),
-                                         f"the delegation to {name} was left unfinished")
-        if d.matched:
-            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
-                                                             f"the delegation to {name} delivered what was expected",
-                                                             task_id=task.task_id)])
-        if d.compensation == "ok":
-            return await self._commit(session, [StateChanged(State.ROUTING, State.GENERATING,
-                                                             f"the delegation to {name} mismatched ({d.reason}); "
-                                                             "compensated", task_id=task.task_id)])
-        return await self._hand_over(session, _fill(book.template("delegation_unsettled"), {"agent": name}),
-                                     f"the delegation to {name} mismatched ({d.reason}) and its compensation "
-                                     f"ended {d.compensation}")
-
-    async def _hand_over(self, session: Session, text: str, reason: str) -> Session:
-        tid = session.task.task_id
-        return await self._commit(session, [self._say(session, text, Handling.REPLY),
-                                            TaskEnded(tid, Outcome.ESCALATED, reason),
-                                            StateChanged(session.state, State.ESCALATE_TO_HUMAN, reason)])
 
     # --- FALLBACK: retry, or after three tries hand over ----------------------------------------------------
 
@@ -597,40 +452,7 @@ class Agent:
             await self._record_turn(session, user_id, reply)
         return after
 
-    async def _generate_delegated(self, session: Session, user_id: str) -> Session:
-        """The agent's own reply when it delivered what was expected; else what went wrong and what undid it."""
-        task, book = session.task, self.rules()
-        d = task.delegation
-        agent = json.loads(task.decision.arguments_json).get("agent", "")
-        if d.matched:
-            reply, sources, outcome = d.reply, [Source(d.actual_memory_id or d.delegation_id, d.reply)], Outcome.DONE
-            reason = f"replied with the answer of {agent}"
-        else:
-            tool = next((a.compensation_tool for a in book.agents.values() if a.name == agent), "") or "its compensation"
-            reply = _fill(book.template("delegation_failed"), {"agent": agent, "reason": d.reason, "tool": tool})
-            sources, outcome = [Source(d.delegation_id, f"{agent} {d.reason} {tool}")], Outcome.COMPENSATED
-            reason = f"the delegation to {agent} mismatched ({d.reason}); compensated"
-        problems = check_reply(reply, sources, [], book.max_reply_chars)
-        if problems:
-            reply, reason = book.template("unknown"), f"reply replaced by a template: {'; '.join(problems)}"
-        after = await self._commit(session, [self._say(session, reply, Handling.REPLY, tuple(s.ref for s in sources)),
-                                              TaskEnded(task.task_id, outcome, reason),
-                                              StateChanged(State.GENERATING, State.IDLE, reason)])
-        if after.version > session.version:
-            await self._record_turn(session, user_id, reply)
-        return after
-
     @staticmethod
     def _say(session: Session, text: str, handling: Handling, citations: tuple[str, ...] = ()) -> MessageAppended:
         return MessageAppended("", "orchestrator", "assistant", text, handling=handling,
                                task_id=session.task.task_id if session.task else "", citations=citations)
-
-
-def _plain(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _fill(template: str, values: dict) -> str:
-    """Fill `{name}` fields; an unknown field stays visible as `{name}` rather than failing the turn."""
-    names = {name for _, name, _, _ in string.Formatter().parse(template) if name}
-    return template.format_map({n: values.get(n, "{" + n + "}") for n in names})

@@ -58,6 +58,7 @@ class Orders:
     slow_seconds: float = 0.0
     hang: bool = False  # answer only when the caller has gone (then record that it went)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    refuse: bool = False  # answer 403: the gateway's backend_error, not retryable
 
     @property
     def backend(self) -> str:
@@ -70,6 +71,8 @@ async def orders() -> AsyncIterator[Orders]:
 
     async def order(request: Request) -> JSONResponse:
         state.calls.append(request.path_params["order_id"])
+        if state.refuse:
+            return JSONResponse({"error": "this order belongs to another customer"}, 403)
         while state.hang:  # the upstream of a call the caller cancels: it sees the connection go
             if await request.is_disconnected():
                 state.gone.set()
@@ -155,6 +158,19 @@ async def test_a_call_the_gateway_says_failed_is_retried_once_verified(loop: Loo
     assert orders.calls == ["B24680", "B24680"]  # retried only after the gateway said the first one failed
     assert (await loop.port.status("acme", first.action_id)).state == "failed"
     assert session.messages[-1].text == "Order B24680 is shipped; expected delivery 2026-03-14."
+
+
+async def test_a_call_the_gateway_says_is_not_retryable_is_handed_to_a_person_not_called_again(
+        loop: Loop, orders: Orders) -> None:
+    orders.refuse = True  # the backend refuses: a 4xx, which the gateway maps to a non-retryable backend_error
+    session = await loop.say("Where is order C13579?", "refused-call")
+
+    assert orders.calls == ["C13579"]  # once: neither the gateway nor the orchestrator called it again
+    [finished] = await loop.events("refused-call", ActionFinished)
+    assert finished.outcome == Outcome.ERROR and finished.do_not_retry  # read back from PostgreSQL
+    [ended] = await loop.events("refused-call", TaskEnded)
+    assert ended.outcome == Outcome.ESCALATED and "orders.get_status must not be called again" in ended.reason
+    assert session.state == State.ESCALATE_TO_HUMAN
 
 
 async def test_a_call_with_no_record_at_the_gateway_is_not_taken_for_done(loop: Loop) -> None:

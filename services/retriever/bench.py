@@ -110,6 +110,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
     index = EdgeVectorIndex(Path(tmp.name) / "memories", dim=embedder.dim, hnsw_m=settings.hnsw_m,
                             hnsw_ef_construct=settings.hnsw_ef_construct)
     retrieval = Retrieval(index, BatchingEmbedder(embedder, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
+    await asyncio.to_thread(retrieval.bm25.load)  # as the service does at start-up
     store = PostgresDocuments(db)
     notifier = Notifier(db.connect, PostgresDocuments.channel(db))
     now = datetime.now(UTC)

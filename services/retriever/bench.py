@@ -5,7 +5,8 @@
   pipeline: the event's part as the stream consumer does it (batches of 256 memory.written recorded in
   PostgreSQL in one round under the memories' locks, NOTIFY) and the projectors' (two loops, as in the
   service: batches of recorded documents, redaction, segmentation, one embedding call, one Qdrant upsert,
-  marked projected), until every memory is searchable;
+  marked projected), until every memory is searchable; with how busy the model was during the load and its
+  cost per text there beside its cost alone (a model left waiting and a model slowed down look different);
 - raw engine hybrid query (dense + sparse, filters) vs the Search handler with the query vector given
   (fusion, PostgreSQL read-back, rescoring), and with the query embedded;
 - read-after-write visibility: an event acknowledged by Redis (XADD) -> found by search, at `rate` writes/s,
@@ -65,6 +66,23 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class _Timed:
+    """The embedder, timing its calls: how busy the model was during a load, and its cost per text there
+    (beside the raw figure, it tells a model slowed down by its neighbours from a model left waiting)."""
+
+    def __init__(self, embedder) -> None:
+        self.embedder, self.name, self.dim, self.batch = embedder, embedder.name, embedder.dim, embedder.batch
+        self.seconds, self.texts = 0.0, 0
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        started = time.perf_counter()
+        try:
+            return self.embedder.embed(texts)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.texts += len(texts)
+
+
 RECORD_BATCH = 256  # memory.written per stream read, as the service's consumer (bootstrap.EVENT_BATCH)
 PROJECTORS = 2  # as the service (bootstrap.PROJECTORS)
 
@@ -109,7 +127,9 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
     tmp = tempfile.TemporaryDirectory(prefix="mnemesh-bench-")
     index = EdgeVectorIndex(Path(tmp.name) / "memories", dim=embedder.dim, hnsw_m=settings.hnsw_m,
                             hnsw_ef_construct=settings.hnsw_ef_construct)
-    retrieval = Retrieval(index, BatchingEmbedder(embedder, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
+    timed = _Timed(embedder)
+    retrieval = Retrieval(index, BatchingEmbedder(timed, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
+    await asyncio.to_thread(retrieval.bm25.load)  # as the service does at start-up
     store = PostgresDocuments(db)
     notifier = Notifier(db.connect, PostgresDocuments.channel(db))
     now = datetime.now(UTC)
@@ -122,6 +142,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
                              layer=5, source=2, confidence=1 + i % 3, content=t, terms=(), tags=(),
                              created_at=now - timedelta(minutes=i), expires_at=None) for i, t in enumerate(texts)]
             projectors = [Projector(store, retrieval, notifier.mark, notifier.wait) for _ in range(PROJECTORS)]
+            timed.seconds, timed.texts = 0.0, 0
             started = time.perf_counter()
             running = [asyncio.create_task(p.run()) for p in projectors]  # as in the service: woken by commits
             for i in range(0, len(docs), RECORD_BATCH):
@@ -138,7 +159,9 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-            index_rate = len(docs) / (time.perf_counter() - started)
+            load_s = time.perf_counter() - started
+            index_rate = len(docs) / load_s
+            model_busy, model_ms = timed.seconds / load_s, 1000 * timed.seconds / max(timed.texts, 1)
             # The model alone again, right after the load: on a shared machine its speed drifts, so the
             # pipeline is compared with the mean of the model's speed just before and just after it.
             raw_after = await raw_rate(best_batch)
@@ -170,10 +193,13 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
             runs.append({"memories": size, "index_texts_per_s": round(index_rate, 1), "optimize_s": round(optimize_s, 1),
                          "raw_embed_texts_per_s": round(raw_window, 1),
                          "index_ratio": round(index_rate / raw_window, 3),
+                         "model_busy": round(model_busy, 3), "model_ms_per_text_in_load": round(model_ms, 3),
+                         "raw_ms_per_text": round(1000 / raw_window, 3),
                          "raw_engine": _stats(engine), "search": _stats(handler),
                          "search_with_embedding": _stats(embedded)})
             _say(f"{size} memories: raw embedder {raw_window:.0f}/s, index {index_rate:.0f}/s (ratio "
-                 f"{index_rate / raw_window:.2f}), optimize {optimize_s:.1f} s, engine p95 {percentile(engine, .95):.2f} ms, search p95 "
+                 f"{index_rate / raw_window:.2f}; the model busy {model_busy:.0%} of the load, {model_ms:.2f} ms/text there, "
+                 f"{1000 / raw_window:.2f} alone), optimize {optimize_s:.1f} s, engine p95 {percentile(engine, .95):.2f} ms, search p95 "
                  f"{percentile(handler, .95):.2f} ms, with embedding p95 {percentile(embedded, .95):.2f} ms")
         visibility = await _visibility(settings, db, retrieval, rate, writes, notifier)
         _say(f"visibility at {rate:.0f} writes/s: p50 {visibility['p50_ms']} ms, p95 {visibility['p95_ms']} ms")

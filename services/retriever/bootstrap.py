@@ -57,8 +57,9 @@ async def bootstrap(ctx: ServiceContext) -> None:
 
     accesses = AccessBatcher(publish_accesses)
     ctx.tasks.append(accesses.run)  # flushes once more when cancelled, before the bus stops
-    retrieval = Retrieval(index, BatchingEmbedder(embedder), Bm25(avg_len=s.bm25_avg_len),
-                          RetrieverMetrics(index.count), accesses)
+    bm25 = Bm25(avg_len=s.bm25_avg_len)
+    await asyncio.to_thread(bm25.load)
+    retrieval = Retrieval(index, BatchingEmbedder(embedder), bm25, RetrieverMetrics(index.count), accesses)
     # memory.written events are recorded by the stream handler; the projector embeds and indexes them in
     # batches, woken by the NOTIFY of each recording's commit.
     notifier = Notifier(ctx.db.connect, PostgresDocuments.channel(ctx.db))

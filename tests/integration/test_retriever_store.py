@@ -65,6 +65,21 @@ async def test_documents_are_read_back_whole_and_never_across_tenants(documents:
 # --- one contract, both engines ------------------------------------------------------------------------------
 
 
+async def test_two_projectors_take_disjoint_full_batches_at_once(documents: PostgresDocuments) -> None:
+    """The oldest queued documents are the batch another projector holds: the next projector skips them and
+    takes the next ones (it used to find every candidate locked, take nothing and sleep until the next
+    commit, leaving one projector to do all the work while the model waited for it)."""
+    recorded = [document("acme", f"memory number {n}") for n in range(20)]
+    await documents.record_many([(d, 0) for d in recorded])
+    async with documents.pending(8) as first, documents.pending(8) as second:
+        async with documents.pending(8) as third:
+            assert (len(first), len(second), len(third)) == (8, 8, 4)
+            taken = [d.memory_id for d in (*first, *second, *third)]
+            assert sorted(taken) == sorted(d.memory_id for d in recorded)  # each exactly once
+    async with documents.pending(8) as rest:
+        assert rest == []  # all three batches were marked projected
+
+
 @pytest.fixture(params=["edge", "server"])
 def index(request, tmp_path: Path):
     if request.param == "edge":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -279,6 +280,41 @@ async def test_concurrent_embeddings_are_coalesced_into_model_sized_batches() ->
     vectors = await asyncio.gather(*(batching.embed([f"text {n}"]) for n in range(20)))
     assert len(vectors) == 20 and all(len(v) == 1 for v in vectors)
     assert [len(c) for c in model.calls] == [8, 8, 4]
+
+
+async def test_the_model_takes_its_next_batch_while_the_event_loop_is_busy() -> None:
+    """The model's thread hands itself the next batch: a loop busy elsewhere (here blocked outright) does not
+    leave the model idle between batches."""
+    done: list[float] = []
+
+    class Slow(RecordingEmbedder):
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            time.sleep(0.02)
+            done.append(time.perf_counter())
+            return super().embed(texts)
+
+    batching = BatchingEmbedder(Slow(), max_batch=8)
+    task = asyncio.create_task(batching.embed([f"text {n}" for n in range(24)]))
+    await asyncio.sleep(0)  # the request is queued...
+    await asyncio.sleep(0)  # ...and the model's thread woken
+    time.sleep(1.0)  # the event loop is busy: no coroutine runs
+    blocked_until = time.perf_counter()
+    assert len(await task) == 24
+    assert len(done) == 3 and all(t < blocked_until for t in done)  # all three batches ran meanwhile
+
+
+async def test_a_failing_batch_fails_its_callers_only_and_the_model_goes_on() -> None:
+    class Flaky(RecordingEmbedder):
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            if any("poison" in t for t in texts):
+                raise ValueError("cannot embed this")
+            return super().embed(texts)
+
+    batching = BatchingEmbedder(Flaky(), max_batch=2)
+    bad, good = await asyncio.gather(batching.embed(["poison", "fine"]), batching.embed(["later", "too"]),
+                                     return_exceptions=True)
+    assert isinstance(bad, ValueError) and len(good) == 2
+    assert len(await batching.embed(["again"])) == 1
 
 
 # --- mapping -------------------------------------------------------------------------------------------------

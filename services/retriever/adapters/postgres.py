@@ -22,7 +22,12 @@ __all__ = ["COLUMNS", "PostgresDocuments", "document_of_row"]
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtext('memory:' || m)) FROM unnest($1::text[]) AS m ORDER BY m"
 # The same lock, only where free: the projector never waits for a handler (nor a handler for a deadlock).
-_TRY_LOCK = "SELECT m FROM unnest($1::text[]) AS m WHERE pg_try_advisory_xact_lock(hashtext('memory:' || m))"
+# In candidate order, up to $2 of them: the executor stops trying once it has $2 (no lock beyond them).
+_TRY_LOCK = ("SELECT m FROM unnest($1::text[]) AS m WHERE pg_try_advisory_xact_lock(hashtext('memory:' || m))"
+             " LIMIT $2")
+# Candidates a projector looks at per document it takes: the oldest queued ones are the batches other
+# projectors (of this process or another replica) hold right now, and it skips them to the next ones.
+_LOOKAHEAD = 4
 # $19 version: a memory.written older than the recorded one is refused; $20 projected: whether the vectors
 # are written in this same transaction (false: the projector will).
 _UPSERT = (
@@ -119,12 +124,14 @@ class PostgresDocuments:
     @contextlib.asynccontextmanager
     async def pending(self, limit: int) -> AsyncIterator[list[Document]]:
         """Up to `limit` recorded documents whose vectors are not written yet, each under its memory's lock
-        (one another projector or a handler holds is left for later). The body writes their vectors; when
+        (one another projector or a handler holds is left for later, and the next free ones are taken: two
+        projectors work on disjoint batches at once). The body writes their vectors; when
         it returns they are marked projected, in the same transaction; when it raises, nothing is."""
         async with self.db.system_transaction() as conn:  # the projector's queue spans every tenant
             candidates = [r[0] for r in await conn.fetch(
-                "SELECT memory_id::text FROM documents WHERE NOT projected ORDER BY indexed_at LIMIT $1", limit)]
-            locked = [r[0] for r in await conn.fetch(_TRY_LOCK, candidates)] if candidates else []
+                "SELECT memory_id::text FROM documents WHERE NOT projected ORDER BY indexed_at LIMIT $1",
+                limit * _LOOKAHEAD)]
+            locked = [r[0] for r in await conn.fetch(_TRY_LOCK, candidates, limit)] if candidates else []
             rows = await conn.fetch(f"SELECT {COLUMNS} FROM documents WHERE memory_id = ANY($1::uuid[])"
                                     " AND NOT projected", locked) if locked else []
             documents = [document_of_row(r) for r in rows]

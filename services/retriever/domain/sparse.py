@@ -114,6 +114,12 @@ class Bm25:
     avg_len: float = 16.0  # terms in a typical memory (a conversational turn), after stop words
     segmenter: Segmenter = "jieba"
 
+    def load(self) -> None:
+        """Load the segmenter's dictionary now (jieba: about a second; blocking), at start-up rather than in
+        the first batch a projector segments or the first Chinese query."""
+        if self.segmenter == "jieba":
+            _segmenter()
+
     def document(self, text: str) -> SparseVector:
         return self.vector(terms(redact(text), self.segmenter))
 

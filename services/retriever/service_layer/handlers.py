@@ -40,6 +40,10 @@ class Retrieval:
             self.observe.stage(stage, time.perf_counter() - started)
 
 
+def _segment(texts: list[str], segmenter) -> list[list[str]]:
+    return [terms(text, segmenter) for text in texts]
+
+
 def _normalised(v: list[float]) -> list[float]:
     norm = sum(x * x for x in v) ** 0.5 or 1.0
     return [x / norm for x in v]
@@ -54,10 +58,15 @@ async def encode(documents: list[Document], r: Retrieval) -> list[tuple[Document
     contexts = [redact(c) if (c := d.context()) else "" for d in documents]
     started = time.perf_counter()
     embedding = asyncio.ensure_future(r.embedder.embed(texts + [c for c in contexts if c]))
-    for _ in range(3):  # let the batching worker hand the texts to the model's thread...
-        await asyncio.sleep(0)
-    # ...and segment meanwhile, once per text: the document's terms and its BM25 vector
-    found = [terms(text, r.bm25.segmenter) for text in texts]
+    await asyncio.sleep(0)  # the texts join the model's queue on this turn...
+    # ...and are segmented meanwhile, once per text (the document's terms and its BM25 vector), off the
+    # event loop: a batch's segmentation would otherwise hold up every other coroutine (the other
+    # projector's commit, searches) for tens of milliseconds
+    try:
+        found = await asyncio.to_thread(_segment, texts, r.bm25.segmenter)
+    except BaseException:
+        embedding.cancel()
+        raise
     vectors = iter(await embedding)
     own = [next(vectors) for _ in texts]
     out = []

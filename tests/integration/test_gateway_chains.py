@@ -187,7 +187,12 @@ async def test_a_failed_step_resumes_the_chain_without_calling_its_done_steps_ag
         first = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
         booking.pay_down = False
         again = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
+        twice = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
     assert [r.is_error for r in first] == [False, False, True]
+    # resumed a second time: every step replays (the replays did not replace the steps they replayed)
+    replay_of = [(r.meta or {}).get("mnemesh/replay_of") for r in twice]
+    assert replay_of[:2] == [(r.meta or {}).get("mnemesh/replay_of") for r in again[:2]] and replay_of[2]
+    assert [r.structured_content for r in twice] == [r.structured_content for r in again]
     assert first[2].structured_content["error_type"] == "unavailable"
     assert [r.is_error for r in again] == [False, False, False]
     assert again[0].structured_content == first[0].structured_content  # the kept result, not a new quote
@@ -196,7 +201,7 @@ async def test_a_failed_step_resumes_the_chain_without_calling_its_done_steps_ag
     assert booking.calls == Counter({"quote": 1, "hold": 1, "pay": 2})
     async with stub_of(gateway) as stub:  # the audit trail says what happened, by the chain id
         last = await stub.GetCall(tools_pb2.GetCallRequest(call_id="trip-2"))
-    assert (last.state, last.tool, last.outcome) == ("done", "trip.pay", "ok")
+    assert (last.state, last.tool, last.outcome) == ("done", "trip.pay", "replayed")
 
 
 async def test_a_chain_expires_after_its_ttl_in_redis(redis_url: str, database_url: str, tmp_path: Path,

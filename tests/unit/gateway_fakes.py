@@ -145,7 +145,8 @@ class FakeResults:
 
 
 class FakeChains:
-    """The Redis chain store's rules: one step per (tool, arguments hash), a failure never replaces a success."""
+    """The Redis chain store's rules: one step per (tool, arguments hash); only a step run anew replaces a done one
+    (a failure or a replay never does)."""
 
     def __init__(self) -> None:
         self.chains: dict[tuple[str, str], dict[str, ChainStep]] = {}
@@ -157,7 +158,7 @@ class FakeChains:
     async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
         steps = self.chains.setdefault((tenant_id, chain_id), {})
         key = step_key(step.tool, step.args_sha256)
-        if step.done or key not in steps or not steps[key].done:
+        if step.fresh or key not in steps or not steps[key].done:
             steps[key] = step
 
 

@@ -13,6 +13,7 @@ from libs.errors import NotFound, Unavailable
 from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
 from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
+from services.tool_gateway.service_layer import handlers
 from services.tool_gateway.service_layer.pipeline import CallPorts, call_tool
 from services.tool_gateway.service_layer.tasks import TaskEnded, TaskRunner
 
@@ -105,6 +106,17 @@ async def test_a_chain_resumes_after_a_failed_step_without_calling_the_done_step
     assert [r.outcome for r in ports.call_log.records] == ["ok", "ok", "error", "replayed", "replayed", "ok"]
 
 
+async def test_a_chain_resumed_twice_calls_each_backend_once_and_keeps_the_first_call() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.hold", requires=("trip.quote",)))
+    steps = [("trip.quote", {"city": "Oslo"}), ("trip.hold", {"seat": "4A"})]
+    first = [await call_tool(call(name, args, chain_id="c-10"), ports) for name, args in steps]
+    for _ in range(3):
+        again = [await call_tool(call(name, args, chain_id="c-10"), ports) for name, args in steps]
+        assert [o.outcome for o in again] == ["replayed", "replayed"]
+        assert [o.replay_of for o in again] == [o.call_id for o in first]
+    assert [name for name, _ in ports.backends.calls] == ["trip.quote", "trip.hold"]
+
+
 async def test_the_same_tool_with_other_arguments_runs_again_in_the_chain() -> None:
     ports = await ports_with(spec("trip.quote"))
     await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="c-3"), ports)
@@ -170,6 +182,24 @@ async def test_a_timed_out_call_whose_status_cannot_answer_is_not_retried() -> N
     outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
     assert outcome.error.retryable is False and "unknown" in outcome.error.reason
     assert [n for n, _ in ports.backends.calls] == ["pay.send", "pay.status"]
+
+
+@pytest.mark.parametrize("status", [{"status": "running"}, {"status": "pending"}, Unavailable("status down")])
+async def test_get_call_answers_unknown_not_failed_for_a_timed_out_call_that_may_have_happened(status) -> None:
+    ports = await status_ports(status)
+    outcome = await call_tool(call("pay.send", {"amount": 5}, chain_id="pay-1"), ports)
+    assert (outcome.outcome, outcome.error.retryable) == ("timeout", False)
+    for key in (outcome.call_id, "pay-1"):
+        state = await handlers.get_call("acme", key, ports.call_log, ports.results)
+        assert (state.state, state.record.outcome) == ("unknown", "timeout")
+
+
+async def test_get_call_answers_failed_for_a_call_that_did_not_happen() -> None:
+    ports = await ports_with(spec("pay.plain", timeout_seconds=0.05))
+    ports.backends.behaviours["pay.plain"] = hanging()
+    outcome = await call_tool(call("pay.plain", {"amount": 5}, chain_id="pay-2"), ports)
+    assert (outcome.outcome, outcome.error.retryable) == ("timeout", True)
+    assert (await handlers.get_call("acme", "pay-2", ports.call_log, ports.results)).state == "failed"
 
 
 async def test_a_timed_out_call_whose_status_says_not_done_is_retried_after_each_check() -> None:

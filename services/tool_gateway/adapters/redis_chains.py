@@ -15,8 +15,9 @@ from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
 
 __all__ = ["RedisChainStore", "RedisTaskStore"]
 
-# KEYS[1]: the chain; ARGV: field, step JSON, whether it is done ('1'), TTL ms. A failed step does not
-# replace a successful one (a resumed chain keeps the result it can answer again).
+# KEYS[1]: the chain; ARGV: field, step JSON, whether the step ran anew and answered ('1': ok or fallback), TTL
+# ms. Only a step that ran anew replaces a done one (it carries a newer result): a replayed step or a failure
+# never does, so a chain resumes as often as it is called again, each done step keeping its first call.
 _RECORD_STEP = """
 if ARGV[3] ~= '1' then
   local held = redis.call('HGET', KEYS[1], ARGV[1])
@@ -48,7 +49,7 @@ class RedisChainStore(_Keys):
         # The stored JSON carries `done` beside the step so the script can tell a success without parsing.
         stored = json.dumps({"step": json.loads(step.to_json()), "done": step.done}, separators=(",", ":"))
         await self.run_script(_RECORD_STEP, [self.key(f"{tenant_id}.{chain_id}")],
-                              [step_key(step.tool, step.args_sha256), stored, "1" if step.done else "0", self.ttl_ms])
+                              [step_key(step.tool, step.args_sha256), stored, "1" if step.fresh else "0", self.ttl_ms])
 
 
 def _step_json(value: bytes | str) -> str:

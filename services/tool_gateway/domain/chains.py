@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 from libs.errors import DomainError
 from services.tool_gateway.domain.registry import ToolSpec
 
-__all__ = ["DONE_OUTCOMES", "Chain", "ChainStep", "RequiresUnmet", "check_requires", "kept_step", "step_key"]
+__all__ = ["DONE_OUTCOMES", "FRESH_OUTCOMES", "Chain", "ChainStep", "RequiresUnmet", "check_requires", "kept_step", "step_key"]
 
 DONE_OUTCOMES = frozenset({"ok", "fallback", "replayed"})  # a step that answered a result
+FRESH_OUTCOMES = frozenset({"ok", "fallback"})  # a step whose backend answered anew (a new result)
 
 
 class RequiresUnmet(DomainError):
@@ -41,6 +42,11 @@ class ChainStep:
     @property
     def done(self) -> bool:
         return self.outcome in DONE_OUTCOMES
+
+    @property
+    def fresh(self) -> bool:
+        """Ran anew and answered: the only step that replaces a done one (a replayed one only renews the chain)."""
+        return self.outcome in FRESH_OUTCOMES
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -149,14 +149,14 @@ class FakeChains:
     (a failure or a replay never does)."""
 
     def __init__(self) -> None:
-        self.chains: dict[tuple[str, str], dict[str, ChainStep]] = {}
+        self.chains: dict[tuple[str, str, str], dict[str, ChainStep]] = {}
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
-        steps = self.chains.get((tenant_id, chain_id))
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
+        steps = self.chains.get((tenant_id, subject, chain_id))
         return Chain(chain_id, tuple(sorted(steps.values(), key=lambda s: s.at))) if steps else None
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
-        steps = self.chains.setdefault((tenant_id, chain_id), {})
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
+        steps = self.chains.setdefault((tenant_id, subject, chain_id), {})
         key = step_key(step.tool, step.args_sha256)
         if step.fresh or key not in steps or not steps[key].done:
             steps[key] = step

@@ -117,6 +117,19 @@ async def test_a_chain_resumed_twice_calls_each_backend_once_and_keeps_the_first
     assert [name for name, _ in ports.backends.calls] == ["trip.quote", "trip.hold"]
 
 
+async def test_a_chain_is_its_callers_own_another_user_of_the_tenant_neither_replays_nor_continues_it() -> None:
+    ports = await ports_with(spec("trip.quote"), spec("trip.hold", requires=("trip.quote",)))
+    other = Principal(subject="agent-2", tenant_id="acme", scopes=frozenset({"tools:call"}))
+    mine = await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="shared"), ports)
+    theirs = await call_tool(ToolCall(name="trip.quote", arguments={"city": "Oslo"}, principal=other,
+                                      chain_id="shared"), ports)
+    assert (mine.outcome, theirs.outcome, theirs.replay_of) == ("ok", "ok", "")  # not agent-1's kept result
+    held = await call_tool(ToolCall(name="trip.hold", arguments={}, principal=replace(other, subject="agent-3"),
+                                    chain_id="shared"), ports)
+    assert held.error.error_type == "requires_unmet"
+    assert (await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="shared"), ports)).replay_of == mine.call_id
+
+
 async def test_the_same_tool_with_other_arguments_runs_again_in_the_chain() -> None:
     ports = await ports_with(spec("trip.quote"))
     await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="c-3"), ports)

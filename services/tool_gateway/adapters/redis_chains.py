@@ -1,8 +1,8 @@
 """Tool chains and tasks in Redis, so every gateway replica sees the same chain and the same task.
 
-A chain is one hash per (tenant, chain id): a field per (tool, arguments hash) holding that step
+A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
 as JSON; the hash expires a TTL after its last step. A task is one JSON string per (tenant, task
-id) with its own TTL.
+id) with its own TTL. Every key is built by `_Keys.tenant_key` (a separator no tenant id holds).
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ class RedisChainStore(_Keys):
         super().__init__(redis, namespace, "chain")
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         client = await self._redis()
-        fields = await client.hgetall(self.key(f"{tenant_id}.{chain_id}"))
+        fields = await client.hgetall(self.tenant_key(tenant_id, subject, chain_id))
         if not fields:
             return None
         steps = sorted((ChainStep.from_json(_step_json(v)) for v in fields.values()), key=lambda s: s.at)
         return Chain(chain_id, tuple(steps))
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
         # The stored JSON carries `done` beside the step so the script can tell a success without parsing.
         stored = json.dumps({"step": json.loads(step.to_json()), "done": step.done}, separators=(",", ":"))
-        await self.run_script(_RECORD_STEP, [self.key(f"{tenant_id}.{chain_id}")],
+        await self.run_script(_RECORD_STEP, [self.tenant_key(tenant_id, subject, chain_id)],
                               [step_key(step.tool, step.args_sha256), stored, "1" if step.fresh else "0", self.ttl_ms])
 
 
@@ -63,18 +63,18 @@ class RedisTaskStore(_Keys):
 
     async def save(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> None:
         client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.{task_id}"), json.dumps(state, separators=(",", ":")).encode(),
+        await client.set(self.tenant_key(tenant_id, task_id), json.dumps(state, separators=(",", ":")).encode(),
                          px=self.ttl_ms)
 
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         client = await self._redis()
-        value = await client.get(self.key(f"{tenant_id}.{task_id}"))
+        value = await client.get(self.tenant_key(tenant_id, task_id))
         return None if value is None else json.loads(value)
 
     async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
         client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.{task_id}.lease"), b"1", px=max(1, int(seconds * 1000)))
+        await client.set(self.tenant_key(tenant_id, task_id, "lease"), b"1", px=max(1, int(seconds * 1000)))
 
     async def held(self, tenant_id: str, task_id: str) -> bool:
         client = await self._redis()
-        return bool(await client.exists(self.key(f"{tenant_id}.{task_id}.lease")))
+        return bool(await client.exists(self.tenant_key(tenant_id, task_id, "lease")))

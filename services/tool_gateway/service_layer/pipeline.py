@@ -236,7 +236,7 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
     await _validate(spec, call.arguments, ports.policy)
     tenant = call.principal.tenant_id or SYSTEM_TENANT
     if call.chain_id and ports.chains is not None:
-        chain = await ports.chains.load(tenant, call.chain_id)
+        chain = await ports.chains.load(tenant, call.principal.subject, call.chain_id)
         check_requires(spec, call.chain_id, chain)
         replayed = await replay(call, spec, call_id, chain, tenant, ports)
         if replayed is not None:

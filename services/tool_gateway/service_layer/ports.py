@@ -129,14 +129,16 @@ class ResultStore(Protocol):
 
 
 class ChainStore(Protocol):
-    """Each chain's steps, shared by every replica, living a TTL after the chain's last step."""
+    """Each chain's steps, shared by every replica, living a TTL after the chain's last step. A chain belongs to
+    its caller (tenant and subject): another caller's chain of the same id is another chain."""
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         """The chain's steps; None when it has none (new, or expired)."""
         ...
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
-        """Keep `step` (one per tool and arguments hash: a failure does not replace a success) and renew the TTL."""
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
+        """Keep `step` (one per tool and arguments hash: only a step run anew replaces a done one; a failure or a
+        replay does not) and renew the TTL."""
         ...
 
 

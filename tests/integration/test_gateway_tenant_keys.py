@@ -1,0 +1,56 @@
+"""The tool gateway's per-tenant Redis state against real Redis: tenant ids may hold ".", so keys built by
+joining a tenant and an id with "." collided across tenants ("acme" + "eu.trip-1" == "acme.eu" + "trip-1")."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from services.tool_gateway.adapters.redis_chains import RedisChainStore, RedisTaskStore
+from services.tool_gateway.adapters.redis_state import RedisResultStore
+from services.tool_gateway.domain.chains import ChainStep
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def factory(redis_client: redis.asyncio.Redis, unique: str) -> AsyncIterator:
+    async def client() -> redis.asyncio.Redis:
+        return redis_client
+    yield client
+    keys = [k async for k in redis_client.scan_iter(match=f"{unique}.*")]
+    if keys:
+        await redis_client.delete(*keys)
+
+
+async def test_a_dotted_tenant_does_not_share_chains_results_running_marks_or_tasks(factory, unique: str) -> None:
+    chains, results, tasks = RedisChainStore(factory, unique), RedisResultStore(factory, unique), \
+        RedisTaskStore(factory, unique)
+    await chains.record("acme", "agent-1", "eu.trip-1", ChainStep("trip.quote", "h", "c1", "ok", "c1", 1.0))
+    await results.put("acme", "eu.c1", '{"city": "Oslo"}')
+    await results.mark_running("acme", "eu.trip-1", 30)
+    await tasks.save("acme", "eu.t1", {"state": "working"})
+    await tasks.hold("acme", "eu.t1", 30)
+    assert await chains.load("acme.eu", "agent-1", "trip-1") is None
+    assert await results.get("acme.eu", "c1") is None
+    assert not await results.running("acme.eu", "trip-1")
+    assert await tasks.load("acme.eu", "t1") is None and not await tasks.held("acme.eu", "t1")
+    # the owner sees its own state
+    [step] = (await chains.load("acme", "agent-1", "eu.trip-1")).steps
+    assert step.call_id == "c1" and await results.get("acme", "eu.c1") == '{"city": "Oslo"}'
+    assert await results.running("acme", "eu.trip-1") and await tasks.held("acme", "eu.t1")
+
+
+async def test_parts_holding_the_separator_do_not_collide_either(factory, unique: str) -> None:
+    chains, results = RedisChainStore(factory, unique), RedisResultStore(factory, unique)
+    await chains.record("acme", "agent:1", "trip", ChainStep("trip.quote", "h", "c1", "ok", "c1", 1.0))
+    await results.put("acme", "running:x", "{}")
+    assert await chains.load("acme", "agent", "1:trip") is None
+    assert not await results.running("acme", "x")
+
+
+async def test_a_tenant_id_that_is_not_one_is_refused_before_any_key_is_built(factory, unique: str) -> None:
+    with pytest.raises(ValueError, match="tenant"):
+        await RedisResultStore(factory, unique).get("acme:eu", "c1")

@@ -9,7 +9,7 @@ import pytest
 from gateway_fakes import fake_ports
 
 from libs.auth import Principal
-from libs.errors import NotFound, Unavailable
+from libs.errors import NotFound, Unavailable, ValidationFailed
 from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
 from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
@@ -250,6 +250,13 @@ class MemoryTasks:
     async def load(self, tenant_id: str, task_id: str) -> dict | None:
         return self.saved.get((tenant_id, task_id))
 
+    async def end(self, tenant_id: str, task_id: str, state: dict) -> bool:
+        held = self.saved.get((tenant_id, task_id))
+        if held is None or held["state"] != "working":
+            return False
+        self.saved[tenant_id, task_id] = state
+        return True
+
     async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
         self.leases.add((tenant_id, task_id))
 
@@ -267,13 +274,13 @@ async def test_a_task_answers_working_then_completed_with_the_calls_outcome() ->
     ports.backends.behaviours["slow.job"] = slow
     runner = TaskRunner(ports, MemoryTasks())
     started = await runner.start(call("slow.job"))
-    assert (await runner.get("acme", started["task_id"]))["state"] == "working"
+    assert (await runner.get(AGENT, started["task_id"]))["state"] == "working"
     release.set()
-    ended = await runner.wait("acme", started["task_id"], poll_seconds=0.01)
+    ended = await runner.wait(AGENT, started["task_id"], poll_seconds=0.01)
     assert ended["state"] == "completed" and ended["outcome"]["result"] == {"report": "ready"}
     assert ports.call_log.records[0].call_id == ended["outcome"]["call_id"]
     with pytest.raises(NotFound):
-        await runner.get("other-tenant", started["task_id"])
+        await runner.get(replace(AGENT, tenant_id="other-tenant"), started["task_id"])
 
 
 async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_its_call_is_audited() -> None:
@@ -283,7 +290,7 @@ async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_it
     started = await runner.start(call("slow.job"))
     await asyncio.sleep(0.05)
     await runner.close()
-    assert (await runner.get("acme", started["task_id"]))["state"] == "cancelled"
+    assert (await runner.get(AGENT, started["task_id"]))["state"] == "cancelled"
     assert [r.outcome for r in ports.call_log.records] == ["cancelled"]
 
 
@@ -293,9 +300,9 @@ async def test_a_working_task_whose_lease_lapsed_answers_failed_as_lost() -> Non
     store = MemoryTasks()
     runner = TaskRunner(ports, store)
     started = await runner.start(call("slow.job"))
-    assert (await runner.get("acme", started["task_id"]))["state"] == "working"
+    assert (await runner.get(AGENT, started["task_id"]))["state"] == "working"
     store.leases.clear()  # as when the replica running it died: nobody renews it
-    lost = await runner.get("acme", started["task_id"])
+    lost = await runner.get(AGENT, started["task_id"])
     assert lost["state"] == "failed" and lost["lost"] and "stopped before it ended" in lost["status_message"]
     await runner.close()
 
@@ -306,9 +313,54 @@ async def test_a_cancelled_task_ends_cancelled_and_cannot_be_cancelled_again() -
     runner = TaskRunner(ports, MemoryTasks())
     started = await runner.start(call("slow.job"))
     await asyncio.sleep(0.05)
-    cancelled = await runner.cancel_task("acme", started["task_id"])
+    cancelled = await runner.cancel_task(AGENT, started["task_id"])
     assert cancelled["state"] == "cancelled"
     await asyncio.sleep(0)
     assert [r.outcome for r in ports.call_log.records] == ["cancelled"]
     with pytest.raises(TaskEnded):
-        await runner.cancel_task("acme", started["task_id"])
+        await runner.cancel_task(AGENT, started["task_id"])
+
+
+async def test_a_task_is_its_callers_another_user_of_the_tenant_or_a_token_without_tools_call_cannot_see_it() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    runner = TaskRunner(ports, MemoryTasks())
+    task_id = (await runner.start(call("slow.job")))["task_id"]
+    for stranger in (replace(AGENT, subject="agent-2"), replace(AGENT, scopes=frozenset({"tools:read"}))):
+        for ask in (runner.get(stranger, task_id), runner.wait(stranger, task_id, timeout_seconds=0),
+                    runner.cancel_task(stranger, task_id)):
+            with pytest.raises(NotFound) as refused:
+                await ask
+            assert refused.value.field == "task_id"
+    assert (await runner.get(AGENT, task_id))["state"] == "working"  # not cancelled by the stranger
+    admin = Principal(subject="ops", tenant_id="acme", scopes=frozenset({"tools:call", "tools:admin"}))
+    assert (await runner.get(admin, task_id))["caller"] == "agent-1"
+    await runner.close()
+
+
+@pytest.mark.parametrize("task_id", ["", "x" * 32, "ABCDEF" + "0" * 26, "0" * 31, "0" * 32 + ".lease", "../0"])
+async def test_a_task_id_that_is_not_one_is_refused_naming_the_field(task_id: str) -> None:
+    runner = TaskRunner(await ports_with(), MemoryTasks())
+    with pytest.raises(ValidationFailed) as refused:
+        await runner.get(AGENT, task_id)
+    assert refused.value.field == "task_id"
+
+
+async def test_a_task_answered_lost_stays_failed_when_its_replica_ends_it_later() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    release = asyncio.Event()
+
+    async def slow(arguments: dict) -> dict:
+        await release.wait()
+        return {"report": "ready"}
+    ports.backends.behaviours["slow.job"] = slow
+    store = MemoryTasks()
+    runner = TaskRunner(ports, store)
+    task_id = (await runner.start(call("slow.job")))["task_id"]
+    store.leases.clear()  # the lease lapsed (the replica was cut off from Redis for a while)
+    assert (await runner.get(AGENT, task_id))["lost"] is True
+    release.set()
+    await asyncio.sleep(0.05)  # the call ends, and its replica tries to save "completed"
+    ended = await runner.get(AGENT, task_id)
+    assert (ended["state"], ended["lost"]) == ("failed", True) and "outcome" not in ended
+    assert [r.outcome for r in ports.call_log.records] == ["ok"]  # the call itself is audited all the same

@@ -31,6 +31,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
+# KEYS[1]: the task; ARGV: its final state (JSON), TTL ms. Saved only while the stored task is working.
+_END_TASK = """
+local held = redis.call('GET', KEYS[1])
+if not held or cjson.decode(held)['state'] ~= 'working' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
 
 class RedisChainStore(_Keys):
     def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0) -> None:
@@ -70,6 +78,10 @@ class RedisTaskStore(_Keys):
         client = await self._redis()
         value = await client.get(self.tenant_key(tenant_id, task_id))
         return None if value is None else json.loads(value)
+
+    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
+        return bool(await self.run_script(_END_TASK, [self.tenant_key(tenant_id, task_id)],
+                                          [json.dumps(state, separators=(",", ":")), self.ttl_ms]))
 
     async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
         client = await self._redis()

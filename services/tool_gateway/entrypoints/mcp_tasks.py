@@ -31,7 +31,6 @@ from libs.auth import Principal
 from libs.errors import DomainError
 from services.tool_gateway.domain import CallOutcome, CleanResult, ToolCall
 from services.tool_gateway.entrypoints.calls import current_trace_id
-from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT
 from services.tool_gateway.service_layer.tasks import TaskRunner
 
 __all__ = ["TASK_REVISIONS", "TaskMiddleware", "capabilities", "stored_outcome", "task_handlers", "wire_task"]
@@ -100,24 +99,24 @@ class TaskMiddleware:
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
-    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's tenant's
-    tasks only.
+    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's own tasks
+    only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin).
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
-    def tenant(ctx: ServerRequestContext[Any, Any]) -> str:
-        principal: Principal | None = caller(ctx)
-        if principal is None:
+    def principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
+        found: Principal | None = caller(ctx)
+        if found is None:
             raise MCPError(types.INVALID_REQUEST, "the request carries no authenticated caller")
-        return principal.tenant_id or SYSTEM_TENANT
+        return found
 
     async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool = False,
                    cancel: bool = False) -> dict[str, Any]:
-        try:
+        try:  # the runner checks the task id, the scope and that the task is the caller's
             if cancel:
-                return await runner.cancel_task(tenant(ctx), task_id)
+                return await runner.cancel_task(principal(ctx), task_id)
             if wait:
-                return await runner.wait(tenant(ctx), task_id, poll_seconds=0.1)
-            return await runner.get(tenant(ctx), task_id)
+                return await runner.wait(principal(ctx), task_id, poll_seconds=0.1)
+            return await runner.get(principal(ctx), task_id)
         except DomainError as exc:
             raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
 
@@ -132,8 +131,19 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
         elif state["state"] == "cancelled":
             result = refuse(_StoredError({"error_type": "cancelled", "reason": state.get("status_message", ""),
                                                 "hint": "call again to retry"}))
-        else:
-            raise MCPError(types.INTERNAL_ERROR, f"task {params.task_id} is still {state['state']}")
+        elif state["state"] == "failed":  # ended without an outcome: its replica was lost, or the gateway failed
+            lost = bool(state.get("lost"))
+            result = refuse(_StoredError({
+                "error_type": "task_lost" if lost else "task_failed", "field": "taskId",
+                "reason": state.get("status_message", "") or "the task failed before its call ended",
+                "retryable": False,
+                "hint": "the call may or may not have reached the tool: check it (GetCall, or the tool's status "
+                        "tool) before calling again" if lost else "call again to retry"}))
+        else:  # still working when the wait ended
+            raise MCPError(types.INVALID_REQUEST, f"task_working: task {params.task_id} is still {state['state']}",
+                           {"error_type": "task_working", "field": "taskId", "retryable": True,
+                            "reason": f"the task is still {state['state']}",
+                            "hint": "ask tasks/result again later, or poll tasks/get"})
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         dumped.pop("resultType", None)
         dumped["_meta"] = {**(dumped.get("_meta") or {}), RELATED_TASK: {"taskId": params.task_id}}

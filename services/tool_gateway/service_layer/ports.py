@@ -151,6 +151,11 @@ class TaskStore(Protocol):
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         ...
 
+    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
+        """Save the final `state` only while the stored one is "working" (compare-and-set): False when it had
+        ended already (a final state is never replaced)."""
+        ...
+
     async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
         """The replica running the task is alive for `seconds` more (renewed while it runs)."""
         ...

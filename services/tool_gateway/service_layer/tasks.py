@@ -8,28 +8,44 @@ call is cancelled (the gateway stops, or the caller cancels it) ends "cancelled"
 While the call runs, its replica renews a lease on the task every `lease_seconds / 3`; a working task
 whose lease lapsed lost its replica (killed, or cut off from Redis) and answers "failed", saying so:
 its call may or may not have reached the backend, which is for the caller to check (GetCall, or the
-tool's status tool) before calling again.
+tool's status tool) before calling again. That answer is saved (compare-and-set on "working"), and so is
+every end: a final state is final, a replica that comes back later cannot turn a lost task "completed".
+
+A task is its caller's: it keeps the caller's subject, and get, wait and cancel need the scope
+`tools:call` and the same subject (or `tools:admin`); anyone else is answered that no such task is known.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from libs.errors import DomainError, NotFound
+from libs.auth import Principal
+from libs.errors import DomainError, NotFound, ValidationFailed
 from libs.logs import get_logger
 from services.tool_gateway.domain import CallOutcome, ToolCall, error_detail
 from services.tool_gateway.service_layer.call_context import reporting_progress
 from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts, call_tool, drain_detached
 from services.tool_gateway.service_layer.ports import TaskStore
 
-__all__ = ["TERMINAL", "TaskEnded", "TaskRunner", "outcome_to_dict"]
+__all__ = ["TERMINAL", "TaskEnded", "TaskRunner", "check_task_id", "outcome_to_dict"]
 
 log = get_logger(__name__)
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+CALL_SCOPE, ADMIN_SCOPE = "tools:call", "tools:admin"
+_TASK_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def check_task_id(task_id: object, field: str = "task_id") -> str:
+    """A task id as the gateway issues them: 32 lowercase hexadecimal characters."""
+    if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
+        raise ValidationFailed("is not a task id (32 hexadecimal characters)", field=field,
+                               hint="use the task id the call answered")
+    return task_id
 
 
 class TaskEnded(DomainError):
@@ -117,45 +133,57 @@ class TaskRunner:
         ended = {**state, "state": how, "updated_at": _now(), "status_message": message}
         if outcome is not None:
             ended["outcome"] = outcome_to_dict(outcome)
-        await self.store.save(tenant, state["task_id"], ended)
+        if not await self.store.end(tenant, state["task_id"], ended):
+            # Already final: answered lost (its lease lapsed) by a replica that read it meanwhile. It stays so.
+            log.warning("task ended after it was answered lost; its end is not kept", task_id=state["task_id"],
+                        state=how)
 
-    async def get(self, tenant_id: str, task_id: str) -> dict[str, Any]:
-        tenant = tenant_id or SYSTEM_TENANT
+    async def _load(self, principal: Principal | None, task_id: str) -> tuple[str, dict[str, Any]]:
+        """The caller's task (tenant, state): only its own (or any, for tools:admin), with tools:call."""
+        check_task_id(task_id)
+        tenant = (principal.tenant_id if principal else "") or SYSTEM_TENANT
         state = await self.store.load(tenant, task_id)
-        if state is None:
-            raise NotFound(f"no task {task_id!r} is known to this tenant (never started, or expired)",
+        if state is None or principal is None or not principal.has_scope(CALL_SCOPE) or (
+                state.get("caller") != principal.subject and not principal.has_scope(ADMIN_SCOPE)):
+            raise NotFound(f"no task {task_id!r} of yours is known (never started, or expired)",
                            field="task_id", hint="use the task id the call answered; tasks are kept for a while only")
+        return tenant, state
+
+    async def get(self, principal: Principal | None, task_id: str) -> dict[str, Any]:
+        tenant, state = await self._load(principal, task_id)
         if state["state"] == "working" and not await self.store.held(tenant, task_id):
-            # Read again: the task may have ended (and its lease lapsed) between the two reads.
+            lost = {**state, "state": "failed", "lost": True, "updated_at": _now(),
+                    "status_message": "the gateway replica running this task stopped before it ended; the call "
+                                      "may or may not have reached the tool: check (GetCall, or the tool's "
+                                      "status tool) before calling again"}
+            if await self.store.end(tenant, task_id, lost):
+                return lost
+            # It ended (and its lease lapsed) between the two reads: its end stands.
             state = await self.store.load(tenant, task_id) or state
-            if state["state"] == "working":
-                return {**state, "state": "failed", "lost": True,
-                        "status_message": "the gateway replica running this task stopped before it ended; the call "
-                                          "may or may not have reached the tool: check (GetCall, or the tool's "
-                                          "status tool) before calling again"}
         return state
 
-    async def wait(self, tenant_id: str, task_id: str, *, poll_seconds: float = 0.1,
+    async def wait(self, principal: Principal | None, task_id: str, *, poll_seconds: float = 0.1,
                    timeout_seconds: float = 300.0) -> dict[str, Any]:
         """The task's state once it ended (polled from the store: any replica may be running it)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_seconds
         while True:
-            state = await self.get(tenant_id, task_id)
+            state = await self.get(principal, task_id)
             if state["state"] in TERMINAL or loop.time() >= until:
                 return state
             await asyncio.sleep(poll_seconds)
 
-    async def cancel_task(self, tenant_id: str, task_id: str, *, wait_seconds: float = 5.0) -> dict[str, Any]:
-        """Cancel a working task of this tenant, whichever replica runs it; its state after (at most
+    async def cancel_task(self, principal: Principal | None, task_id: str, *,
+                          wait_seconds: float = 5.0) -> dict[str, Any]:
+        """Cancel a working task of the caller's, whichever replica runs it; its state after (at most
         `wait_seconds` later: "cancelled", or "working" still when its replica has not answered yet)."""
-        state = await self.get(tenant_id, task_id)
+        state = await self.get(principal, task_id)
         if state["state"] in TERMINAL:
             raise TaskEnded(f"the task already ended ({state['state']})", field="task_id",
                             hint="read its result (GetTask, MCP tasks/result)")
         if not self.cancel(task_id) and self.announce_cancel is not None:
             await self.announce_cancel(task_id)
-        return await self.wait(tenant_id, task_id, poll_seconds=0.05, timeout_seconds=wait_seconds)
+        return await self.wait(principal, task_id, poll_seconds=0.05, timeout_seconds=wait_seconds)
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a task running in this replica (False: not here)."""

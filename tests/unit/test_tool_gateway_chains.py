@@ -215,6 +215,39 @@ async def test_get_call_answers_failed_for_a_call_that_did_not_happen() -> None:
     assert (await handlers.get_call("acme", "pay-2", ports.call_log, ports.results)).state == "failed"
 
 
+async def test_the_status_tool_is_asked_only_for_a_caller_allowed_to_call_it() -> None:
+    ports = await status_ports({"status": "completed", "result": {"transfer": "t-1"}})
+    await ports.registry.register(spec("pay.status", version="2.0.0", scopes=("payments:audit",)))
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert (outcome.outcome, outcome.error.retryable) == ("timeout", False)  # not the status tool's result
+    assert "permission_denied" in outcome.error.reason and "unknown" in outcome.error.reason
+    assert [n for n, _ in ports.backends.calls] == ["pay.send"]
+    allowed = replace(AGENT, scopes=frozenset({"tools:call", "payments:audit"}))
+    confirmed = await call_tool(ToolCall(name="pay.send", arguments={"amount": 5}, principal=allowed), ports)
+    assert (confirmed.outcome, confirmed.result.value) == ("ok", {"transfer": "t-1"})
+
+
+async def test_a_status_result_that_does_not_match_the_tools_output_schema_leaves_the_state_unknown() -> None:
+    ports = await status_ports({"status": "completed", "result": {"transfer": 7}})
+    await ports.registry.register(spec("pay.send", version="2.0.0", timeout_seconds=0.05, status_tool="pay.status",
+                                       output_schema={"type": "object", "required": ["transfer"],
+                                                      "properties": {"transfer": {"type": "string"}}}))
+    ports.backends.behaviours["pay.send"] = hanging()
+    outcome = await call_tool(call("pay.send", {"amount": 5}), ports)
+    assert (outcome.outcome, outcome.error.retryable) == ("timeout", False)
+    assert "does not match the output schema of pay.send" in outcome.error.reason
+    assert "transfer" in outcome.error.reason
+
+
+async def test_a_tool_naming_a_status_tool_that_is_not_registered_is_refused_at_registration() -> None:
+    ports = await ports_with()
+    with pytest.raises(ValidationFailed) as refused:
+        await handlers.register_tool(spec("pay.send", status_tool="pay.status"), ports.registry)
+    assert refused.value.field == "status_tool" and "register pay.status first" in refused.value.hint
+    await handlers.register_tool(spec("pay.status"), ports.registry)
+    assert (await handlers.register_tool(spec("pay.send", status_tool="pay.status"), ports.registry)).name == "pay.send"
+
+
 async def test_a_timed_out_call_whose_status_says_not_done_is_retried_after_each_check() -> None:
     ports = await status_ports({"status": "not_found"})
     outcome = await call_tool(call("pay.send", {"amount": 5}), ports)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from libs.auth import current_principal
+from libs.auth import Principal, current_principal
 from libs.errors import DomainError, Internal
 from libs.logs import get_logger
 from services.tool_gateway.domain import (
@@ -163,8 +163,8 @@ async def _admit(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> tuple[bool
     return admitted, state, retry_after
 
 
-async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
-                   ports: CallPorts, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int, str]:
+async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None, ports: CallPorts,
+                   principal: Principal, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int, str]:
     """Call `spec` with bounded retries; returns (result, attempts, confirmed_by) or raises the last error.
 
     `confirmed_by`: the status tool that said a timed-out call's operation happened ("" otherwise).
@@ -187,7 +187,7 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
             async with asyncio.timeout(timeout):
                 result = await ports.backends.call(spec, arguments, timeout)
         except TimeoutError:
-            error, confirmed = await timed_out(spec, arguments, timeout, deadline_at, ports)
+            error, confirmed = await timed_out(spec, arguments, timeout, deadline_at, ports, principal)
             if confirmed is not None:  # it happened, only slowly: no retry; slow all the same for the breaker
                 await ports.breakers.record(breaker_key(spec), False)
                 return confirmed, attempt, spec.status_tool
@@ -222,7 +222,7 @@ async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
             alt = await resolve(name, "", ports.registry)
             authorise(alt, call.principal)
             await _validate(alt, call.arguments, ports.policy)
-            result, attempts, _ = await _attempt(alt, call.arguments, deadline_at, ports)
+            result, attempts, _ = await _attempt(alt, call.arguments, deadline_at, ports, call.principal)
         except DomainError as exc:
             log.info("fallback failed", tool=spec.name, fallback=name, error_type=exc.error_type)
             continue
@@ -248,7 +248,8 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
         await ports.results.mark_running(tenant, call.chain_id, call.deadline_seconds or spec.timeout_seconds)
     deadline_at = ports.clock() + call.deadline_seconds if call.deadline_seconds > 0 else None
     try:
-        result, attempts, confirmed_by = await _attempt(spec, call.arguments, deadline_at, ports, admission)
+        result, attempts, confirmed_by = await _attempt(spec, call.arguments, deadline_at, ports, call.principal,
+                                                        admission)
         served_by, outcome = confirmed_by or spec.name, "ok"
         if arm:
             await _count_arm(spec, rollout, arm, True, ports)

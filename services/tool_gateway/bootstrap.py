@@ -122,7 +122,8 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
-        chains=RedisChainStore(ctx.bus.redis, namespace, settings.tool_chain_ttl_seconds),
+        chains=RedisChainStore(ctx.bus.redis, namespace, settings.tool_chain_ttl_seconds,
+                               settings.tool_chain_max_steps),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
+from libs.errors import DomainError
 from services.tool_gateway.adapters.redis_chains import RedisChainStore, RedisTaskStore
 from services.tool_gateway.adapters.redis_state import RedisResultStore
 from services.tool_gateway.domain.chains import ChainStep
@@ -54,3 +55,16 @@ async def test_parts_holding_the_separator_do_not_collide_either(factory, unique
 async def test_a_tenant_id_that_is_not_one_is_refused_before_any_key_is_built(factory, unique: str) -> None:
     with pytest.raises(ValueError, match="tenant"):
         await RedisResultStore(factory, unique).get("acme:eu", "c1")
+
+
+async def test_the_chain_script_keeps_no_step_past_the_cap_and_says_so(factory, unique: str) -> None:
+    chains = RedisChainStore(factory, unique, max_steps=2)
+    for n in range(2):
+        await chains.record("acme", "agent-1", "c", ChainStep("trip.quote", f"h{n}", f"c{n}", "ok", f"c{n}", 1.0 + n))
+    with pytest.raises(DomainError) as full:
+        await chains.record("acme", "agent-1", "c", ChainStep("trip.quote", "h2", "c2", "ok", "c2", 3.0))
+    assert (full.value.error_type, full.value.field) == ("chain_full", "chain_id") and "'c'" in full.value.reason
+    # a step it holds is still renewed, and replaced by a fresh run
+    await chains.record("acme", "agent-1", "c", ChainStep("trip.quote", "h1", "c9", "ok", "c9", 4.0))
+    steps = (await chains.load("acme", "agent-1", "c")).steps
+    assert [s.call_id for s in steps] == ["c0", "c9"]

@@ -130,6 +130,19 @@ async def test_a_chain_is_its_callers_own_another_user_of_the_tenant_neither_rep
     assert (await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="shared"), ports)).replay_of == mine.call_id
 
 
+async def test_a_full_chain_refuses_a_new_step_naming_the_chain_but_still_replays_the_steps_it_holds() -> None:
+    ports = await ports_with(spec("trip.quote"))
+    ports.chains.max_steps = 2
+    for city in ("Oslo", "Rome"):
+        assert (await call_tool(call("trip.quote", {"city": city}, chain_id="c-full"), ports)).outcome == "ok"
+    refused = await call_tool(call("trip.quote", {"city": "Lima"}, chain_id="c-full"), ports)
+    assert (refused.error.error_type, refused.error.field, refused.error.retryable) == ("chain_full", "chain_id", False)
+    assert "'c-full'" in refused.error.reason and "new chain id" in refused.error.hint
+    assert len(ports.backends.calls) == 2  # refused before the backend
+    assert (await call_tool(call("trip.quote", {"city": "Rome"}, chain_id="c-full"), ports)).outcome == "replayed"
+    assert (await call_tool(call("trip.quote", {"city": "Lima"}, chain_id="c-other"), ports)).outcome == "ok"
+
+
 async def test_the_same_tool_with_other_arguments_runs_again_in_the_chain() -> None:
     ports = await ports_with(spec("trip.quote"))
     await call_tool(call("trip.quote", {"city": "Oslo"}, chain_id="c-3"), ports)

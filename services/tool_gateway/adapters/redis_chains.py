@@ -11,20 +11,23 @@ import json
 from typing import Any
 
 from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
-from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
+from services.tool_gateway.domain.chains import Chain, ChainStep, chain_full, step_key
 
 __all__ = ["RedisChainStore", "RedisTaskStore"]
 
 # KEYS[1]: the chain; ARGV: field, step JSON, whether the step ran anew and answered ('1': ok or fallback), TTL
 # ms. Only a step that ran anew replaces a done one (it carries a newer result): a replayed step or a failure
 # never does, so a chain resumes as often as it is called again, each done step keeping its first call.
+# ARGV[5]: the steps a chain may hold: a new field past them is not kept (-1, the chain's expiry renewed).
 _RECORD_STEP = """
-if ARGV[3] ~= '1' then
-  local held = redis.call('HGET', KEYS[1], ARGV[1])
-  if held and string.find(held, '"done":true', 1, true) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[4])
-    return 0
-  end
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' and held and string.find(held, '"done":true', 1, true) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return 0
+end
+if not held and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return -1
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -41,9 +44,11 @@ return 1
 
 
 class RedisChainStore(_Keys):
-    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0) -> None:
+    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0,
+                 max_steps: int = 256) -> None:
         super().__init__(redis, namespace, "chain")
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
+        self.max_steps = max_steps
 
     async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         client = await self._redis()
@@ -56,8 +61,11 @@ class RedisChainStore(_Keys):
     async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
         # The stored JSON carries `done` beside the step so the script can tell a success without parsing.
         stored = json.dumps({"step": json.loads(step.to_json()), "done": step.done}, separators=(",", ":"))
-        await self.run_script(_RECORD_STEP, [self.tenant_key(tenant_id, subject, chain_id)],
-                              [step_key(step.tool, step.args_sha256), stored, "1" if step.fresh else "0", self.ttl_ms])
+        kept = await self.run_script(_RECORD_STEP, [self.tenant_key(tenant_id, subject, chain_id)],
+                                     [step_key(step.tool, step.args_sha256), stored, "1" if step.fresh else "0",
+                                      self.ttl_ms, self.max_steps])
+        if int(kept) == -1:  # another replica filled the chain since this call read it
+            raise chain_full(chain_id, self.max_steps)
 
 
 def _step_json(value: bytes | str) -> str:

@@ -34,8 +34,8 @@ from services.tool_gateway.domain import (
     clean_result,
     validate_arguments,
 )
-from services.tool_gateway.domain.calls import step_uri
-from services.tool_gateway.domain.chains import check_requires
+from services.tool_gateway.domain.calls import args_sha256, step_uri
+from services.tool_gateway.domain.chains import check_requires, check_room
 from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, arm_for, roll_back, rollback_reason
 from services.tool_gateway.service_layer.chain_steps import (
@@ -241,6 +241,7 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
         replayed = await replay(call, spec, call_id, chain, tenant, ports)
         if replayed is not None:
             return replayed
+        check_room(chain, call.chain_id, spec.name, args_sha256(call.arguments), ports.chains.max_steps)
     else:
         check_requires(spec, "", None)
     admission = await _admit(call, spec, ports)

@@ -130,7 +130,10 @@ class ResultStore(Protocol):
 
 class ChainStore(Protocol):
     """Each chain's steps, shared by every replica, living a TTL after the chain's last step. A chain belongs to
-    its caller (tenant and subject): another caller's chain of the same id is another chain."""
+    its caller (tenant and subject): another caller's chain of the same id is another chain. A chain holds at
+    most `max_steps` steps."""
+
+    max_steps: int
 
     async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         """The chain's steps; None when it has none (new, or expired)."""
@@ -138,7 +141,7 @@ class ChainStore(Protocol):
 
     async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
         """Keep `step` (one per tool and arguments hash: only a step run anew replaces a done one; a failure or a
-        replay does not) and renew the TTL."""
+        replay does not) and renew the TTL; a new step past `max_steps` is not kept (ChainFull)."""
         ...
 
 

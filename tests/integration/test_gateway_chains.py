@@ -419,6 +419,25 @@ async def test_a_task_whose_gateway_process_is_killed_answers_failed_as_lost_on_
     assert result.structured_content["retryable"] is False and "GetCall" in result.structured_content["hint"]
 
 
+async def test_a_task_call_refused_before_its_backend_answers_the_refusal_itself_over_grpc_and_mcp(
+    gateway: Gateway, booking: Booking
+) -> None:
+    await register_booking(gateway, booking)
+    async with stub_of(gateway) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stub.CallTool(call("trip.nothing", as_task=True), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as unmet:
+            await stub.CallTool(call("trip.hold", as_task=True, chain_id="task-chain"), timeout=10)
+    async with mcp_client(gateway, gateway.token("tools:read", "tools:call"), mode="legacy") as client:
+        refused = await client.session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(
+                name="trip.hold", arguments={}, task=types.TaskMetadata(ttl=60_000))), types.CallToolResult)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_detail(unmet.value).error_type == "requires_unmet"
+    assert refused.is_error and refused.structured_content["error_type"] == "requires_unmet"
+    assert booking.calls == Counter()
+
+
 async def test_mcp_and_grpc_tasks_are_their_callers_own_and_task_ids_are_checked(gateway: Gateway,
                                                                                 booking: Booking) -> None:
     await register_booking(gateway, booking)

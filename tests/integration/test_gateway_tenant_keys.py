@@ -3,6 +3,7 @@ joining a tenant and an id with "." collided across tenants ("acme" + "eu.trip-1
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -32,8 +33,7 @@ async def test_a_dotted_tenant_does_not_share_chains_results_running_marks_or_ta
     await chains.record("acme", "agent-1", "eu.trip-1", ChainStep("trip.quote", "h", "c1", "ok", "c1", 1.0))
     await results.put("acme", "eu.c1", '{"city": "Oslo"}')
     await results.mark_running("acme", "eu.trip-1", 30)
-    await tasks.save("acme", "eu.t1", {"state": "working"})
-    await tasks.hold("acme", "eu.t1", 30)
+    await tasks.begin("acme", "eu.t1", {"state": "working", "caller": "agent-1"}, 30, 16)
     assert await chains.load("acme.eu", "agent-1", "trip-1") is None
     assert await results.get("acme.eu", "c1") is None
     assert not await results.running("acme.eu", "trip-1")
@@ -68,3 +68,19 @@ async def test_the_chain_script_keeps_no_step_past_the_cap_and_says_so(factory, 
     await chains.record("acme", "agent-1", "c", ChainStep("trip.quote", "h1", "c9", "ok", "c9", 4.0))
     steps = (await chains.load("acme", "agent-1", "c")).steps
     assert [s.call_id for s in steps] == ["c0", "c9"]
+
+
+async def test_a_callers_working_tasks_are_capped_and_a_lapsed_lease_or_an_end_frees_a_place(factory,
+                                                                                          unique: str) -> None:
+    tasks = RedisTaskStore(factory, unique)
+    ids = [f"{n:032x}" for n in range(4)]
+    state = {"state": "working", "caller": "agent-1"}
+    assert [await tasks.begin("acme", i, {**state, "task_id": i}, 30, 2) for i in ids[:3]] == [1, 2, -2]
+    assert await tasks.load("acme", ids[2]) is None  # refused: not saved
+    assert await tasks.begin("acme", ids[2], {**state, "caller": "agent-2"}, 30, 2) == 1  # another caller
+    assert await tasks.end("acme", ids[0], {**state, "state": "completed"})
+    assert not await tasks.end("acme", ids[0], {**state, "state": "failed"})  # final stays final
+    assert (await tasks.load("acme", ids[0]))["state"] == "completed"
+    assert await tasks.begin("acme", ids[3], state, 0.2, 2) == 2
+    await asyncio.sleep(0.3)  # ids[3]'s lease lapsed (its replica lost): it no longer counts
+    assert await tasks.begin("acme", ids[0], state, 30, 2) == 2

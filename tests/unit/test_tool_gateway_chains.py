@@ -9,7 +9,7 @@ import pytest
 from gateway_fakes import fake_ports
 
 from libs.auth import Principal
-from libs.errors import NotFound, Unavailable, ValidationFailed
+from libs.errors import DomainError, NotFound, Unavailable, ValidationFailed
 from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
 from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
@@ -296,6 +296,15 @@ class MemoryTasks:
     async def load(self, tenant_id: str, task_id: str) -> dict | None:
         return self.saved.get((tenant_id, task_id))
 
+    async def begin(self, tenant_id: str, task_id: str, state: dict, lease_seconds: float, max_working: int) -> int:
+        working = sum(1 for (t, i), st in self.saved.items() if t == tenant_id and st["caller"] == state["caller"]
+                      and st["state"] == "working" and (t, i) in self.leases)
+        if working >= max_working:
+            return -working
+        self.saved[tenant_id, task_id] = state
+        self.leases.add((tenant_id, task_id))
+        return working + 1
+
     async def end(self, tenant_id: str, task_id: str, state: dict) -> bool:
         held = self.saved.get((tenant_id, task_id))
         if held is None or held["state"] != "working":
@@ -303,7 +312,7 @@ class MemoryTasks:
         self.saved[tenant_id, task_id] = state
         return True
 
-    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
         self.leases.add((tenant_id, task_id))
 
     async def held(self, tenant_id: str, task_id: str) -> bool:
@@ -410,3 +419,39 @@ async def test_a_task_answered_lost_stays_failed_when_its_replica_ends_it_later(
     ended = await runner.get(AGENT, task_id)
     assert (ended["state"], ended["lost"]) == ("failed", True) and "outcome" not in ended
     assert [r.outcome for r in ports.call_log.records] == ["ok"]  # the call itself is audited all the same
+
+
+async def test_a_task_call_refused_before_its_backend_is_refused_at_once_with_no_task_made() -> None:
+    ports = await ports_with(spec("slow.job", input_schema={"type": "object", "required": ["month"]}),
+                             spec("admin.job", scopes=("ops:run",)))
+    store = MemoryTasks()
+    runner = TaskRunner(ports, store)
+    for refused_call, error_type in ((call("no.such"), "not_found"), (call("slow.job", {}), "validation"),
+                                     (call("admin.job", {}), "permission_denied")):
+        with pytest.raises(DomainError) as refused:
+            await runner.start(refused_call)
+        assert refused.value.error_type == error_type
+    ports.limiter.capacity = 0
+    with pytest.raises(DomainError) as limited:
+        await runner.start(call("slow.job", {"month": "2026-11"}))
+    assert limited.value.error_type == "rate_limited"
+    assert store.saved == {} and ports.backends.calls == []
+    assert [r.outcome for r in ports.call_log.records] == ["error"] * 4  # refusals audited as for CallTool
+
+
+async def test_a_caller_may_have_so_many_working_tasks_at_once_others_are_not_counted() -> None:
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    ports.backends.behaviours["slow.job"] = hanging()
+    store = MemoryTasks()
+    runner = TaskRunner(ports, store, max_working_per_caller=2)
+    first = await runner.start(call("slow.job"))
+    await runner.start(call("slow.job"))
+    with pytest.raises(DomainError) as full:
+        await runner.start(call("slow.job"))
+    assert (full.value.error_type, full.value.field) == ("rate_limited", "as_task")
+    assert "2 working tasks" in full.value.reason
+    other = Principal(subject="agent-2", tenant_id="acme", scopes=frozenset({"tools:call"}))
+    assert (await runner.start(ToolCall(name="slow.job", arguments={}, principal=other)))["state"] == "working"
+    assert (await runner.cancel_task(AGENT, first["task_id"]))["state"] == "cancelled"
+    assert (await runner.start(call("slow.job")))["state"] == "working"  # one ended: room again
+    await runner.close()

@@ -34,11 +34,40 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS[1]: the task; ARGV: its final state (JSON), TTL ms. Saved only while the stored task is working.
+# A caller's working tasks: a sorted set per (tenant, subject) of task ids scored by their lease's end (ms,
+# the server's clock), so that a task whose replica was lost leaves it when its lease lapses.
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function live_at_least(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
+end
+"""
+# KEYS: the task, its lease, the caller's working set; ARGV: state JSON, TTL ms, lease ms, most working, task id.
+_BEGIN_TASK = _NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local working = redis.call('ZCARD', KEYS[3])
+if working >= tonumber(ARGV[4]) then return -working end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[5])
+live_at_least(KEYS[3], ARGV[3])
+return working + 1
+"""
+# KEYS: the lease, the caller's working set; ARGV: lease ms, task id.
+_HOLD_TASK = _NOW_MS + """
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[1]), ARGV[2])  -- an ended task is not added back
+live_at_least(KEYS[2], ARGV[1])
+return 1
+"""
+# KEYS: the task, the caller's working set; ARGV: its final state (JSON), TTL ms, task id. Saved only while the
+# stored task is working (a final state is final).
 _END_TASK = """
 local held = redis.call('GET', KEYS[1])
 if not held or cjson.decode(held)['state'] ~= 'working' then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[3])
 return 1
 """
 
@@ -87,13 +116,27 @@ class RedisTaskStore(_Keys):
         value = await client.get(self.tenant_key(tenant_id, task_id))
         return None if value is None else json.loads(value)
 
-    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
-        return bool(await self.run_script(_END_TASK, [self.tenant_key(tenant_id, task_id)],
-                                          [json.dumps(state, separators=(",", ":")), self.ttl_ms]))
+    def _working(self, tenant_id: str, subject: str) -> str:
+        return self.tenant_key(tenant_id, "working", subject)
 
-    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
-        client = await self._redis()
-        await client.set(self.tenant_key(tenant_id, task_id, "lease"), b"1", px=max(1, int(seconds * 1000)))
+    async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
+                    max_working: int) -> int:
+        kept = int(await self.run_script(
+            _BEGIN_TASK, [self.tenant_key(tenant_id, task_id), self.tenant_key(tenant_id, task_id, "lease"),
+                          self._working(tenant_id, state["caller"])],
+            [json.dumps(state, separators=(",", ":")), self.ttl_ms, max(1, int(lease_seconds * 1000)), max_working,
+             task_id]))
+        return kept
+
+    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
+        return bool(await self.run_script(
+            _END_TASK, [self.tenant_key(tenant_id, task_id), self._working(tenant_id, state["caller"])],
+            [json.dumps(state, separators=(",", ":")), self.ttl_ms, task_id]))
+
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
+        await self.run_script(_HOLD_TASK, [self.tenant_key(tenant_id, task_id, "lease"),
+                                           self._working(tenant_id, subject)],
+                              [max(1, int(seconds * 1000)), task_id])
 
     async def held(self, tenant_id: str, task_id: str) -> bool:
         client = await self._redis()

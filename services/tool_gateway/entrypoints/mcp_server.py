@@ -254,7 +254,7 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
                 raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
 
         server.tasks = True
-        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse))
+        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse, error_result))
         for method, (params_type, handler) in task_handlers(
                 tasks, caller_of, lambda outcome: outcome_result(outcome, outcome.has_output_schema),
                 error_result).items():

@@ -79,8 +79,10 @@ def stored_outcome(d: dict[str, Any]) -> CallOutcome:
 class TaskMiddleware:
     """Answers a task-augmented `tools/call` (2025-11-25) with the task, the call running in the background."""
 
-    def __init__(self, runner: TaskRunner, caller, chain_id_of) -> None:
-        self.runner, self.caller, self.chain_id_of = runner, caller, chain_id_of
+    def __init__(self, runner: TaskRunner, caller, chain_id_of,
+                 refuse: Callable[[DomainError], types.CallToolResult]) -> None:
+        """`refuse`: a refusal as the tool result a `tools/call` would have had."""
+        self.runner, self.caller, self.chain_id_of, self.refuse = runner, caller, chain_id_of, refuse
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else None
@@ -92,8 +94,11 @@ class TaskMiddleware:
         if caller is None:
             return await call_next(ctx)  # the handler answers the refusal
         chain_id = self.chain_id_of(typed)  # raises MCPError (invalid params) when malformed
-        state = await self.runner.start(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
-                                                 principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
+        try:  # refused before its backend (unknown tool, scopes, arguments, rate limit...): no task, a tool error
+            state = await self.runner.start(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
+                                                     principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
+        except DomainError as exc:
+            return self.refuse(exc).model_dump(by_alias=True, mode="json", exclude_none=True)
         return {"task": wire_task(state), "content": []}
 
 

@@ -154,13 +154,21 @@ class TaskStore(Protocol):
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         ...
 
+    async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
+                    max_working: int) -> int:
+        """Save a new working task (`state["caller"]` its caller) with its lease, unless that caller has
+        `max_working` working tasks already (those whose lease lapsed do not count): how many the caller has
+        with it (> 0), or minus how many it has (<= 0: not saved)."""
+        ...
+
     async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
         """Save the final `state` only while the stored one is "working" (compare-and-set): False when it had
         ended already (a final state is never replaced)."""
         ...
 
-    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
-        """The replica running the task is alive for `seconds` more (renewed while it runs)."""
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
+        """The replica running the task (of caller `subject`) is alive for `seconds` more (renewed while it
+        runs)."""
         ...
 
     async def held(self, tenant_id: str, task_id: str) -> bool:

@@ -27,9 +27,17 @@ from typing import Any
 from libs.auth import Principal
 from libs.errors import DomainError, NotFound, ValidationFailed
 from libs.logs import get_logger
-from services.tool_gateway.domain import CallOutcome, ToolCall, error_detail
+from services.tool_gateway.domain import CallOutcome, RateLimited, ToolCall, error_detail
 from services.tool_gateway.service_layer.call_context import reporting_progress
-from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts, call_tool, drain_detached
+from services.tool_gateway.service_layer.chain_steps import CallCancelled, record_call, record_detached
+from services.tool_gateway.service_layer.pipeline import (
+    SYSTEM_TENANT,
+    Admitted,
+    CallPorts,
+    admit_call,
+    call_tool,
+    drain_detached,
+)
 from services.tool_gateway.service_layer.ports import TaskStore
 
 __all__ = ["TERMINAL", "TaskEnded", "TaskRunner", "check_task_id", "outcome_to_dict"]
@@ -72,46 +80,79 @@ class TaskRunner:
     """The tasks this replica runs; their state in `store` for every replica."""
 
     def __init__(self, ports: CallPorts, store: TaskStore, *, ttl_seconds: float = 86_400.0,
-                 lease_seconds: float = 15.0, announce_cancel: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 lease_seconds: float = 15.0, announce_cancel: Callable[[str], Awaitable[None]] | None = None,
+                 max_working_per_caller: int = 16) -> None:
         """`announce_cancel(task_id)`: asks every replica to cancel that task (the one running it does)."""
         self.ports, self.store, self.ttl_seconds, self.lease_seconds = ports, store, ttl_seconds, lease_seconds
         self.announce_cancel = announce_cancel
+        self.max_working = max_working_per_caller
         self._running: dict[str, asyncio.Task] = {}
+        self._began: set[str] = set()  # tasks whose coroutine runs (the others were cancelled before it ran)
 
     async def start(self, call: ToolCall) -> dict[str, Any]:
-        """Save the task as working and start its call; the saved state (with `task_id`)."""
+        """Check the call as the pipeline does before its backend (resolve, authorise, arguments, chain, rate
+        limit, breaker: a refusal is raised here, audited, and no task is made), save the task as working
+        (unless its caller has `max_working_per_caller` working already: RateLimited) and start its call; the
+        saved state (with `task_id`)."""
+        admitted = await admit_call(call, self.ports)
+        if isinstance(admitted, CallOutcome):
+            assert admitted.error is not None
+            raise admitted.error
         tenant = call.principal.tenant_id or SYSTEM_TENANT
         task_id = uuid.uuid4().hex
         now = _now()
         state = {"task_id": task_id, "state": "working", "tool": call.name, "caller": call.principal.subject,
                  "created_at": now, "updated_at": now, "status_message": f"{call.name} is running",
                  "ttl_ms": int(self.ttl_seconds * 1000)}
-        await self.store.save(tenant, task_id, state)
-        await self.store.hold(tenant, task_id, self.lease_seconds)
+        working = await self.store.begin(tenant, task_id, state, self.lease_seconds, self.max_working)
+        if working <= 0:
+            refused = RateLimited(f"you have {-working} working tasks, the most one caller may have "
+                                  f"({self.max_working})", field="as_task",
+                                  hint="wait for one of them to end (GetTask, MCP tasks/get) or cancel one, then "
+                                       "call again; or call without a task")
+            await record_call(call, CallOutcome(admitted.call_id, call.name, admitted.spec.version, error=refused,
+                                                outcome="error", attempts=0), self.ports)
+            raise refused
         with reporting_progress(None):  # the request that started it ends now: no progress goes to it
-            task = asyncio.get_running_loop().create_task(self._run(tenant, state, call), name=f"tool task {task_id}")
+            task = asyncio.get_running_loop().create_task(self._run(tenant, state, call, admitted),
+                                                          name=f"tool task {task_id}")
         self._running[task_id] = task
-        task.add_done_callback(lambda _: self._running.pop(task_id, None))
+        task.add_done_callback(lambda done: self._finished(done, tenant, state, call, admitted))
         return state
 
-    async def _renew(self, tenant: str, task_id: str) -> None:
+    def _finished(self, task: asyncio.Task, tenant: str, state: dict[str, Any], call: ToolCall,
+                  admitted: Admitted) -> None:
+        """A task cancelled before its coroutine ran at all (cancelled at once) has not ended its state nor
+        audited its call: do both here."""
+        self._running.pop(state["task_id"], None)
+        if not task.cancelled() or state["task_id"] in self._began:
+            self._began.discard(state["task_id"])
+            return
+        cancelled = CallOutcome(admitted.call_id, call.name, admitted.spec.version, error=CallCancelled(
+            "the caller cancelled the call before it started", hint="call again to run it"), outcome="cancelled",
+            attempts=0)
+        record_detached(record_call(call, cancelled, self.ports))
+        record_detached(self._end(tenant, state, "cancelled", "the call was cancelled before it started"))
+
+    async def _renew(self, tenant: str, subject: str, task_id: str) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
-                await self.store.hold(tenant, task_id, self.lease_seconds)
+                await self.store.hold(tenant, subject, task_id, self.lease_seconds)
             except Exception as exc:  # noqa: BLE001 - Redis away for a moment: the next renewal may make it
                 log.warning("task lease not renewed", task_id=task_id, error=repr(exc)[:200])
 
-    async def _run(self, tenant: str, state: dict[str, Any], call: ToolCall) -> None:
-        renewing = asyncio.get_running_loop().create_task(self._renew(tenant, state["task_id"]))
+    async def _run(self, tenant: str, state: dict[str, Any], call: ToolCall, admitted: Admitted) -> None:
+        self._began.add(state["task_id"])
+        renewing = asyncio.get_running_loop().create_task(self._renew(tenant, state["caller"], state["task_id"]))
         try:
-            await self._call(tenant, state, call)
+            await self._call(tenant, state, call, admitted)
         finally:
             renewing.cancel()
 
-    async def _call(self, tenant: str, state: dict[str, Any], call: ToolCall) -> None:
+    async def _call(self, tenant: str, state: dict[str, Any], call: ToolCall, admitted: Admitted) -> None:
         try:
-            outcome = await call_tool(call, self.ports)
+            outcome = await call_tool(call, self.ports, admitted)
         except asyncio.CancelledError:
             try:
                 await asyncio.shield(self._end(tenant, state, "cancelled", "the call was cancelled before it ended"))
@@ -134,9 +175,8 @@ class TaskRunner:
         if outcome is not None:
             ended["outcome"] = outcome_to_dict(outcome)
         if not await self.store.end(tenant, state["task_id"], ended):
-            # Already final: answered lost (its lease lapsed) by a replica that read it meanwhile. It stays so.
-            log.warning("task ended after it was answered lost; its end is not kept", task_id=state["task_id"],
-                        state=how)
+            # Already final (answered lost by a replica that read it after its lease lapsed): it stays so.
+            log.warning("task already final; this end is not kept", task_id=state["task_id"], state=how)
 
     async def _load(self, principal: Principal | None, task_id: str) -> tuple[str, dict[str, Any]]:
         """The caller's task (tenant, state): only its own (or any, for tools:admin), with tools:call."""

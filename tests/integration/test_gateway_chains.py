@@ -471,7 +471,7 @@ async def test_mcp_and_grpc_tasks_are_their_callers_own_and_task_ids_are_checked
     assert refusals == ["not_found"] * 3 and grpc_refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert mine.state == "working" and mine.tool == "trip.report"  # the stranger's cancel did nothing
     assert (malformed.value.error.data["error_type"], malformed.value.error.data["field"]) == \
-        ("validation", "task_id")
+        ("validation", "taskId")
 
 
 @pytest.mark.parametrize("mode", test_mcp.MODES)

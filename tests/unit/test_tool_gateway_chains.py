@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
 
+import mcp_types as types
 import pytest
 from gateway_fakes import fake_ports
+from mcp.shared.exceptions import MCPError
 
 from libs.auth import Principal
 from libs.errors import DomainError, NotFound, Unavailable, ValidationFailed
 from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.chains import Chain, ChainStep, check_requires
 from services.tool_gateway.domain.status import DONE, NOT_DONE, RUNNING, status_verdict
+from services.tool_gateway.entrypoints.mcp_server import CHAIN_ID_META, chain_id_of
+from services.tool_gateway.entrypoints.mcp_tasks import TaskMiddleware
 from services.tool_gateway.service_layer import handlers
 from services.tool_gateway.service_layer.pipeline import CallPorts, call_tool
 from services.tool_gateway.service_layer.tasks import TaskEnded, TaskRunner
@@ -455,3 +460,29 @@ async def test_a_caller_may_have_so_many_working_tasks_at_once_others_are_not_co
     assert (await runner.cancel_task(AGENT, first["task_id"]))["state"] == "cancelled"
     assert (await runner.start(call("slow.job")))["state"] == "working"  # one ended: room again
     await runner.close()
+
+
+@pytest.mark.parametrize("value", ["a\u200bb", "a\x07", "x" * 129, 7])
+def test_an_mcp_chain_id_follows_the_identifier_rule_of_grpc(value) -> None:
+    params = types.CallToolRequestParams(name="trip.quote", arguments={}, _meta={CHAIN_ID_META: value})
+    with pytest.raises(ValidationFailed) as refused:
+        chain_id_of(params)
+    assert refused.value.field == "_meta/mnemesh/chain_id"
+
+
+def test_an_mcp_chain_id_that_grpc_takes_is_taken_too() -> None:
+    value = "trip\u00a01"  # a no-break space: an identifier for gRPC (check_identifier), not str.isprintable
+    params = types.CallToolRequestParams(name="trip.quote", arguments={}, _meta={CHAIN_ID_META: value})
+    assert chain_id_of(params) == value
+
+
+async def test_a_malformed_task_call_is_refused_with_a_structured_error_naming_the_field() -> None:
+    middleware = TaskMiddleware(TaskRunner(await ports_with(), MemoryTasks()), lambda ctx: AGENT, chain_id_of,
+                                lambda error: None)
+    ctx = SimpleNamespace(method="tools/call", protocol_version="2025-11-25",
+                          params={"name": "trip.quote", "arguments": ["not", "an", "object"], "task": {"ttl": 1000}})
+    with pytest.raises(MCPError) as refused:
+        await middleware(ctx, None)
+    assert refused.value.error.data["error_type"] == "validation"
+    assert refused.value.error.data["field"] == "params/arguments"
+    assert "pydantic" not in refused.value.error.message.lower()

@@ -26,12 +26,13 @@ from typing import Any
 import mcp_types as types
 from mcp.server.context import CallNext, ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from libs.auth import Principal
-from libs.errors import DomainError
+from libs.errors import DomainError, ValidationFailed
 from services.tool_gateway.domain import CallOutcome, CleanResult, ToolCall
 from services.tool_gateway.entrypoints.calls import current_trace_id
-from services.tool_gateway.service_layer.tasks import TaskRunner
+from services.tool_gateway.service_layer.tasks import TaskRunner, check_task_id
 
 __all__ = ["TASK_REVISIONS", "TaskMiddleware", "capabilities", "stored_outcome", "task_handlers", "wire_task"]
 
@@ -89,7 +90,15 @@ class TaskMiddleware:
         if (ctx.method != "tools/call" or params is None or params.get("task") is None
                 or ctx.protocol_version not in TASK_REVISIONS):
             return await call_next(ctx)
-        typed = types.CallToolRequestParams.model_validate(params, by_name=False)
+        try:
+            typed = types.CallToolRequestParams.model_validate(params, by_name=False)
+        except ValidationError as exc:  # a structured error naming the field, not pydantic's text
+            first = exc.errors()[0]
+            field = "/".join(str(part) for part in first["loc"]) or "params"
+            detail = ValidationFailed(str(first["msg"])[:300], field=f"params/{field}",
+                                      hint="see tools/call in the MCP specification (name, arguments, task)")
+            raise MCPError(types.INVALID_PARAMS, f"{detail.error_type}: {detail.field}: {detail.reason}",
+                           detail.to_dict()) from None
         caller: Principal | None = self.caller(ctx)
         if caller is None:
             return await call_next(ctx)  # the handler answers the refusal
@@ -116,7 +125,8 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
 
     async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool = False,
                    cancel: bool = False) -> dict[str, Any]:
-        try:  # the runner checks the task id, the scope and that the task is the caller's
+        try:  # the runner checks the scope and that the task is the caller's
+            check_task_id(task_id, "taskId")
             if cancel:
                 return await runner.cancel_task(principal(ctx), task_id)
             if wait:

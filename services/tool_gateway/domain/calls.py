@@ -18,7 +18,7 @@ from services.tool_gateway.domain.registry import ToolSpec
 
 __all__ = ["BackendFailed", "BackendFault", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
            "ToolCall", "args_sha256", "authorise", "backoff_seconds", "call_state", "clean_result",
-           "error_detail", "may_call", "step_uri"]
+           "error_detail", "is_call_id", "may_call", "may_have_happened", "step_uri"]
 
 CALL_SCOPE = "tools:call"
 # Fields backends add for machines that only cost an agent tokens (HAL, GraphQL, OData links).
@@ -120,6 +120,11 @@ class CallRecord:
     served_by: str = ""
     attempts: int = 0
     chain_id: str = ""
+
+
+def is_call_id(value: str) -> bool:
+    """A call id as the gateway makes them (uuid4 hex: 32 lowercase hexadecimal characters)."""
+    return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
 
 def step_uri(call_id: str) -> str:

@@ -142,8 +142,12 @@ class Settings(BaseSettings):
     tool_result_ttl_hours: float = Field(24.0, gt=0, description="how long full results stay readable")
     tool_chain_ttl_seconds: float = Field(3600.0, gt=0, description="how long a tool chain's state lives after "
                                                                     "its last step")
+    tool_chain_max_steps: int = Field(256, ge=1, le=100_000, description="steps one tool chain may hold (a new "
+                                                                         "step past them is refused chain_full)")
     tool_task_ttl_seconds: float = Field(86_400.0, gt=0, description="how long a task's state and result stay "
                                                                     "readable (GetTask, MCP tasks/get)")
+    tool_tasks_per_caller: int = Field(16, ge=1, le=10_000, description="working tasks one caller (tenant and "
+                                                                         "subject) may have at once")
     tool_task_lease_seconds: float = Field(15.0, gt=0, description="a working task whose replica has not renewed "
                                                                    "its lease for this long answers failed (lost)")
     tool_upstreams_file: str = Field("", description="JSON file of upstream MCP servers to federate")

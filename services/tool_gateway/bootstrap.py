@@ -122,7 +122,8 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         call_log=call_log,
         results=RedisResultStore(ctx.bus.redis, namespace, settings.tool_result_ttl_hours * 3600),
         canaries=RedisCanaryCounters(ctx.bus.redis, namespace),
-        chains=RedisChainStore(ctx.bus.redis, namespace, settings.tool_chain_ttl_seconds),
+        chains=RedisChainStore(ctx.bus.redis, namespace, settings.tool_chain_ttl_seconds,
+                               settings.tool_chain_max_steps),
         policy=CallPolicy(rate_per_caller=settings.tool_rate_per_caller, rate_per_tool=settings.tool_rate_per_tool,
                           result_max_bytes=settings.tool_result_max_bytes),
     )
@@ -130,7 +131,8 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     # "cancelled") before the audit log's last flush (closers run in reverse).
     tasks = TaskRunner(ports, RedisTaskStore(ctx.bus.redis, namespace, settings.tool_task_ttl_seconds),
                        ttl_seconds=settings.tool_task_ttl_seconds, lease_seconds=settings.tool_task_lease_seconds,
-                       announce_cancel=lambda task_id: cancels.publish({"task": task_id}))
+                       announce_cancel=lambda task_id: cancels.publish({"task": task_id}),
+                       max_working_per_caller=settings.tool_tasks_per_caller)
     cancels.subscribe(lambda message: tasks.cancel(str(message["task"])) if "task" in message else None)
     ctx.closers.append(tasks.close)
     for spec in MEMORY_TOOLS:  # memory.remember, .recall, .forget, .confirm (a version already there stays)

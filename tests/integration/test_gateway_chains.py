@@ -31,6 +31,7 @@ from test_gateway_replicas import gateway_process
 from test_gateway_stdio import settings_env
 from test_mcp import Gateway, gateway_settings, mcp_client, register
 
+from libs.auth import issue_token
 from libs.http import serve_asgi
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel, error_detail
@@ -187,7 +188,12 @@ async def test_a_failed_step_resumes_the_chain_without_calling_its_done_steps_ag
         first = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
         booking.pay_down = False
         again = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
+        twice = [await client.call_tool(name, args, meta={CHAIN: "trip-2"}) for name, args in steps]
     assert [r.is_error for r in first] == [False, False, True]
+    # resumed a second time: every step replays (the replays did not replace the steps they replayed)
+    replay_of = [(r.meta or {}).get("mnemesh/replay_of") for r in twice]
+    assert replay_of[:2] == [(r.meta or {}).get("mnemesh/replay_of") for r in again[:2]] and replay_of[2]
+    assert [r.structured_content for r in twice] == [r.structured_content for r in again]
     assert first[2].structured_content["error_type"] == "unavailable"
     assert [r.is_error for r in again] == [False, False, False]
     assert again[0].structured_content == first[0].structured_content  # the kept result, not a new quote
@@ -196,7 +202,7 @@ async def test_a_failed_step_resumes_the_chain_without_calling_its_done_steps_ag
     assert booking.calls == Counter({"quote": 1, "hold": 1, "pay": 2})
     async with stub_of(gateway) as stub:  # the audit trail says what happened, by the chain id
         last = await stub.GetCall(tools_pb2.GetCallRequest(call_id="trip-2"))
-    assert (last.state, last.tool, last.outcome) == ("done", "trip.pay", "ok")
+    assert (last.state, last.tool, last.outcome) == ("done", "trip.pay", "replayed")
 
 
 async def test_a_chain_expires_after_its_ttl_in_redis(redis_url: str, database_url: str, tmp_path: Path,
@@ -254,7 +260,8 @@ async def test_two_gateway_processes_share_a_chain_and_a_task(redis_url: str, da
                                     "--tenant", "acme"], env=settings_env(second), capture_output=True, text=True,
                                    timeout=60)
             again = subprocess.run([sys.executable, "-m", "mnemesh", "tools", "call", "trip.hold", "--chain-id",
-                                    "trip-4", "--json", "--tenant", "acme"], env=settings_env(first),
+                                    "trip-4", "--json", "--tenant", "acme", "--user", "agent-1"],  # the chain's caller
+                                   env=settings_env(first),
                                    capture_output=True, text=True, timeout=60)
     finally:
         await test_mcp.drop_namespace(first)
@@ -400,10 +407,71 @@ async def test_a_task_whose_gateway_process_is_killed_answers_failed_as_lost_on_
                     while (lost := await b.GetTask(tools_pb2.GetTaskRequest(task_id=started.task_id),
                                                    timeout=10)).state == "working":
                         await anyio.sleep(0.2)
+            async with mcp_client(other, other.token("tools:read", "tools:call"), mode="legacy") as client:
+                result = await client.session.send_request(types.GetTaskPayloadRequest(
+                    params=types.GetTaskPayloadRequestParams(task_id=started.task_id)), types.CallToolResult)
     finally:
         await test_mcp.drop_namespace(first)
     assert working.state == "working"
     assert lost.state == "failed" and "stopped before it ended" in lost.status_message
+    # MCP tasks/result: a structured error saying the task was lost, not an internal error
+    assert result.is_error and result.structured_content["error_type"] == "task_lost"
+    assert result.structured_content["retryable"] is False and "GetCall" in result.structured_content["hint"]
+
+
+async def test_a_task_call_refused_before_its_backend_answers_the_refusal_itself_over_grpc_and_mcp(
+    gateway: Gateway, booking: Booking
+) -> None:
+    await register_booking(gateway, booking)
+    async with stub_of(gateway) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stub.CallTool(call("trip.nothing", as_task=True), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as unmet:
+            await stub.CallTool(call("trip.hold", as_task=True, chain_id="task-chain"), timeout=10)
+    async with mcp_client(gateway, gateway.token("tools:read", "tools:call"), mode="legacy") as client:
+        refused = await client.session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(
+                name="trip.hold", arguments={}, task=types.TaskMetadata(ttl=60_000))), types.CallToolResult)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_detail(unmet.value).error_type == "requires_unmet"
+    assert refused.is_error and refused.structured_content["error_type"] == "requires_unmet"
+    assert booking.calls == Counter()
+
+
+async def test_mcp_and_grpc_tasks_are_their_callers_own_and_task_ids_are_checked(gateway: Gateway,
+                                                                                booking: Booking) -> None:
+    await register_booking(gateway, booking)
+    stranger = issue_token(gateway.settings, subject="agent-2", tenant_id="acme", scopes=["tools:read", "tools:call"])
+    async with mcp_client(gateway, gateway.token("tools:read", "tools:call"), mode="legacy") as client:
+        created = await client.session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(
+                name="trip.report", arguments={"month": "2026-04"}, task=types.TaskMetadata(ttl=60_000))),
+            types.CreateTaskResult)
+        with pytest.raises(MCPError) as malformed:
+            await client.session.send_request(
+                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id="../x")), types.GetTaskResult)
+    task_id = created.task.task_id
+    refusals = []
+    async with mcp_client(gateway, stranger, mode="legacy") as client:
+        for request, answer in ((types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)),
+                                 types.GetTaskResult),
+                                (types.GetTaskPayloadRequest(params=types.GetTaskPayloadRequestParams(task_id=task_id)),
+                                 types.CallToolResult),
+                                (types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id)),
+                                 types.CancelTaskResult)):
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, answer)
+            refusals.append(refused.value.error.data["error_type"])
+    async with channel(gateway.grpc, stranger) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as grpc_refused:
+            await tools_pb2_grpc.ToolGatewayStub(ch).GetTask(tools_pb2.GetTaskRequest(task_id=task_id), timeout=10)
+    async with stub_of(gateway) as stub:
+        mine = await stub.GetTask(tools_pb2.GetTaskRequest(task_id=task_id), timeout=10)
+    booking.release.set()
+    assert refusals == ["not_found"] * 3 and grpc_refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert mine.state == "working" and mine.tool == "trip.report"  # the stranger's cancel did nothing
+    assert (malformed.value.error.data["error_type"], malformed.value.error.data["field"]) == \
+        ("validation", "taskId")
 
 
 @pytest.mark.parametrize("mode", test_mcp.MODES)

@@ -9,7 +9,7 @@ from typing import Any
 from fakes import FakeRegistry
 
 from services.tool_gateway.domain import CallRecord, ToolSpec
-from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
+from services.tool_gateway.domain.chains import Chain, ChainStep, chain_full, step_key
 from services.tool_gateway.domain.rollout import ArmCounts
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 
@@ -145,19 +145,23 @@ class FakeResults:
 
 
 class FakeChains:
-    """The Redis chain store's rules: one step per (tool, arguments hash), a failure never replaces a success."""
+    """The Redis chain store's rules: one step per (tool, arguments hash); only a step run anew replaces a done one
+    (a failure or a replay never does)."""
 
-    def __init__(self) -> None:
-        self.chains: dict[tuple[str, str], dict[str, ChainStep]] = {}
+    def __init__(self, max_steps: int = 256) -> None:
+        self.chains: dict[tuple[str, str, str], dict[str, ChainStep]] = {}
+        self.max_steps = max_steps
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
-        steps = self.chains.get((tenant_id, chain_id))
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
+        steps = self.chains.get((tenant_id, subject, chain_id))
         return Chain(chain_id, tuple(sorted(steps.values(), key=lambda s: s.at))) if steps else None
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
-        steps = self.chains.setdefault((tenant_id, chain_id), {})
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
+        steps = self.chains.setdefault((tenant_id, subject, chain_id), {})
         key = step_key(step.tool, step.args_sha256)
-        if step.done or key not in steps or not steps[key].done:
+        if key not in steps and len(steps) >= self.max_steps:
+            raise chain_full(chain_id, self.max_steps)
+        if step.fresh or key not in steps or not steps[key].done:
             steps[key] = step
 
 

@@ -87,6 +87,15 @@ async def test_a_truncated_result_links_to_the_whole_result_as_a_step_resource()
             await client.read_resource(link.uri)
 
 
+async def test_a_step_resource_whose_id_is_not_a_call_id_is_not_found_without_reaching_the_store() -> None:
+    ports = fake_ports()
+    ports.results.stored["acme", "running:x"] = "{}"  # what a key built from a hostile id might reach
+    local = Principal(subject="cli", tenant_id="acme", scopes=frozenset({"tools:*"}))
+    async with Client(build_server(ports, local)) as client:
+        with pytest.raises(MCPError):
+            await client.read_resource("mem://step/running:x")
+
+
 # --- HTTP authentication ------------------------------------------------------------------------------------
 
 

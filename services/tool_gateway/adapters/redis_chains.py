@@ -1,8 +1,8 @@
 """Tool chains and tasks in Redis, so every gateway replica sees the same chain and the same task.
 
-A chain is one hash per (tenant, chain id): a field per (tool, arguments hash) holding that step
+A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
 as JSON; the hash expires a TTL after its last step. A task is one JSON string per (tenant, task
-id) with its own TTL.
+id) with its own TTL. Every key is built by `_Keys.tenant_key` (a separator no tenant id holds).
 """
 
 from __future__ import annotations
@@ -11,44 +11,90 @@ import json
 from typing import Any
 
 from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
-from services.tool_gateway.domain.chains import Chain, ChainStep, step_key
+from services.tool_gateway.domain.chains import Chain, ChainStep, chain_full, step_key
 
 __all__ = ["RedisChainStore", "RedisTaskStore"]
 
-# KEYS[1]: the chain; ARGV: field, step JSON, whether it is done ('1'), TTL ms. A failed step does not
-# replace a successful one (a resumed chain keeps the result it can answer again).
+# KEYS[1]: the chain; ARGV: field, step JSON, whether the step ran anew and answered ('1': ok or fallback), TTL
+# ms. Only a step that ran anew replaces a done one (it carries a newer result): a replayed step or a failure
+# never does, so a chain resumes as often as it is called again, each done step keeping its first call.
+# ARGV[5]: the steps a chain may hold: a new field past them is not kept (-1, the chain's expiry renewed).
 _RECORD_STEP = """
-if ARGV[3] ~= '1' then
-  local held = redis.call('HGET', KEYS[1], ARGV[1])
-  if held and string.find(held, '"done":true', 1, true) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[4])
-    return 0
-  end
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' and held and string.find(held, '"done":true', 1, true) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return 0
+end
+if not held and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return -1
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
+# A caller's working tasks: a sorted set per (tenant, subject) of task ids scored by their lease's end (ms,
+# the server's clock), so that a task whose replica was lost leaves it when its lease lapses.
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function live_at_least(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
+end
+"""
+# KEYS: the task, its lease, the caller's working set; ARGV: state JSON, TTL ms, lease ms, most working, task id.
+_BEGIN_TASK = _NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local working = redis.call('ZCARD', KEYS[3])
+if working >= tonumber(ARGV[4]) then return -working end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[5])
+live_at_least(KEYS[3], ARGV[3])
+return working + 1
+"""
+# KEYS: the lease, the caller's working set; ARGV: lease ms, task id.
+_HOLD_TASK = _NOW_MS + """
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[1]), ARGV[2])  -- an ended task is not added back
+live_at_least(KEYS[2], ARGV[1])
+return 1
+"""
+# KEYS: the task, the caller's working set; ARGV: its final state (JSON), TTL ms, task id. Saved only while the
+# stored task is working (a final state is final).
+_END_TASK = """
+local held = redis.call('GET', KEYS[1])
+if not held or cjson.decode(held)['state'] ~= 'working' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+"""
+
 
 class RedisChainStore(_Keys):
-    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0) -> None:
+    def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0,
+                 max_steps: int = 256) -> None:
         super().__init__(redis, namespace, "chain")
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
+        self.max_steps = max_steps
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         client = await self._redis()
-        fields = await client.hgetall(self.key(f"{tenant_id}.{chain_id}"))
+        fields = await client.hgetall(self.tenant_key(tenant_id, subject, chain_id))
         if not fields:
             return None
         steps = sorted((ChainStep.from_json(_step_json(v)) for v in fields.values()), key=lambda s: s.at)
         return Chain(chain_id, tuple(steps))
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
         # The stored JSON carries `done` beside the step so the script can tell a success without parsing.
         stored = json.dumps({"step": json.loads(step.to_json()), "done": step.done}, separators=(",", ":"))
-        await self.run_script(_RECORD_STEP, [self.key(f"{tenant_id}.{chain_id}")],
-                              [step_key(step.tool, step.args_sha256), stored, "1" if step.done else "0", self.ttl_ms])
+        kept = await self.run_script(_RECORD_STEP, [self.tenant_key(tenant_id, subject, chain_id)],
+                                     [step_key(step.tool, step.args_sha256), stored, "1" if step.fresh else "0",
+                                      self.ttl_ms, self.max_steps])
+        if int(kept) == -1:  # another replica filled the chain since this call read it
+            raise chain_full(chain_id, self.max_steps)
 
 
 def _step_json(value: bytes | str) -> str:
@@ -62,18 +108,36 @@ class RedisTaskStore(_Keys):
 
     async def save(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> None:
         client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.{task_id}"), json.dumps(state, separators=(",", ":")).encode(),
+        await client.set(self.tenant_key(tenant_id, task_id), json.dumps(state, separators=(",", ":")).encode(),
                          px=self.ttl_ms)
 
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         client = await self._redis()
-        value = await client.get(self.key(f"{tenant_id}.{task_id}"))
+        value = await client.get(self.tenant_key(tenant_id, task_id))
         return None if value is None else json.loads(value)
 
-    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
-        client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.{task_id}.lease"), b"1", px=max(1, int(seconds * 1000)))
+    def _working(self, tenant_id: str, subject: str) -> str:
+        return self.tenant_key(tenant_id, "working", subject)
+
+    async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
+                    max_working: int) -> int:
+        kept = int(await self.run_script(
+            _BEGIN_TASK, [self.tenant_key(tenant_id, task_id), self.tenant_key(tenant_id, task_id, "lease"),
+                          self._working(tenant_id, state["caller"])],
+            [json.dumps(state, separators=(",", ":")), self.ttl_ms, max(1, int(lease_seconds * 1000)), max_working,
+             task_id]))
+        return kept
+
+    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
+        return bool(await self.run_script(
+            _END_TASK, [self.tenant_key(tenant_id, task_id), self._working(tenant_id, state["caller"])],
+            [json.dumps(state, separators=(",", ":")), self.ttl_ms, task_id]))
+
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
+        await self.run_script(_HOLD_TASK, [self.tenant_key(tenant_id, task_id, "lease"),
+                                           self._working(tenant_id, subject)],
+                              [max(1, int(seconds * 1000)), task_id])
 
     async def held(self, tenant_id: str, task_id: str) -> bool:
         client = await self._redis()
-        return bool(await client.exists(self.key(f"{tenant_id}.{task_id}.lease")))
+        return bool(await client.exists(self.tenant_key(tenant_id, task_id, "lease")))

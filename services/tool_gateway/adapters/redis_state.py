@@ -10,11 +10,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from libs.logs import get_logger
+from libs.validation import TENANT_ID_RULE, is_tenant_id
 from services.tool_gateway.domain.rollout import ArmCounts
 
 __all__ = ["BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
@@ -128,6 +130,14 @@ class _Keys:
 
     def key(self, name: str) -> str:
         return self._prefix + name
+
+    def tenant_key(self, tenant_id: str, *parts: str) -> str:
+        """The key of a tenant's `parts`, built here only: `<prefix><tenant>:<part>:<part>...`. A tenant id holds
+        no ':' (TENANT_ID) and each part is percent-encoded (':' and '%' included), so two different (tenant,
+        parts) never share a key: tenant "acme" chain "eu.trip-1" is not tenant "acme.eu" chain "trip-1"."""
+        if not is_tenant_id(tenant_id):
+            raise ValueError(f"tenant {tenant_id[:64]!r} must be {TENANT_ID_RULE}")
+        return self._prefix + ":".join([tenant_id, *(quote(part, safe="") for part in parts)])
 
     async def _script(self, source: str) -> AsyncScript:
         """`source` as a script of the current client: run by EVALSHA, its body sent once, not every call."""
@@ -265,19 +275,19 @@ class RedisResultStore(_Keys):
 
     async def put(self, tenant_id: str, step_id: str, text: str) -> None:
         client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.{step_id}"), text.encode(), px=self.ttl_ms)
+        await client.set(self.tenant_key(tenant_id, "result", step_id), text.encode(), px=self.ttl_ms)
 
     async def mark_running(self, tenant_id: str, chain_id: str, seconds: float) -> None:
         client = await self._redis()
-        await client.set(self.key(f"{tenant_id}.running.{chain_id}"), b"1", px=max(1, int(seconds * 1000)))
+        await client.set(self.tenant_key(tenant_id, "running", chain_id), b"1", px=max(1, int(seconds * 1000)))
 
     async def running(self, tenant_id: str, chain_id: str) -> bool:
         client = await self._redis()
-        return bool(await client.exists(self.key(f"{tenant_id}.running.{chain_id}")))
+        return bool(await client.exists(self.tenant_key(tenant_id, "running", chain_id)))
 
     async def get(self, tenant_id: str, step_id: str) -> str | None:
         client = await self._redis()
-        value = await client.get(self.key(f"{tenant_id}.{step_id}"))
+        value = await client.get(self.tenant_key(tenant_id, "result", step_id))
         return None if value is None else _text(value)
 
 

@@ -18,7 +18,7 @@ from services.tool_gateway.domain.registry import ToolSpec
 
 __all__ = ["BackendFailed", "BackendFault", "CallOutcome", "CallRecord", "CallState", "CircuitOpen", "CleanResult", "RateLimited",
            "ToolCall", "args_sha256", "authorise", "backoff_seconds", "call_state", "clean_result",
-           "error_detail", "may_call", "step_uri"]
+           "error_detail", "is_call_id", "may_call", "may_have_happened", "step_uri"]
 
 CALL_SCOPE = "tools:call"
 # Fields backends add for machines that only cost an agent tokens (HAL, GraphQL, OData links).
@@ -122,6 +122,11 @@ class CallRecord:
     chain_id: str = ""
 
 
+def is_call_id(value: str) -> bool:
+    """A call id as the gateway makes them (uuid4 hex: 32 lowercase hexadecimal characters)."""
+    return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
 def step_uri(call_id: str) -> str:
     """Where a call's whole result is read (MCP resources/read) while it is kept."""
     return f"mem://step/{call_id}"
@@ -183,7 +188,11 @@ def backoff_seconds(attempt: int, *, base: float = 0.05, cap: float = 2.0, rng: 
 
 @dataclass(frozen=True)
 class CallState:
-    """What GetCall answers: "done" (with the result while it is kept), "failed", "running" or "unknown"."""
+    """What GetCall answers: "done" (with the result while it is kept), "failed", "running" or "unknown".
+
+    "unknown" also answers a call that timed out and whose operation may have happened (its status tool
+    said it is still running, or could not say: the audit row's error is not retryable): the caller must
+    not call again, but ask the status tool. "failed" is only said of a call that did not happen."""
 
     state: str
     record: CallRecord | None = None
@@ -195,4 +204,11 @@ def call_state(record: CallRecord | None, running: bool, result_text: str | None
         return CallState("running" if running else "unknown")
     if record.outcome in ("ok", "fallback", "replayed"):
         return CallState("done", record, json.loads(result_text) if result_text else None)
+    if may_have_happened(record):
+        return CallState("unknown", record)
     return CallState("failed", record)
+
+
+def may_have_happened(record: CallRecord) -> bool:
+    """A timed-out call the gateway answered as not to be retried: its operation may have happened."""
+    return record.outcome == "timeout" and bool(record.error) and record.error.get("retryable") is False

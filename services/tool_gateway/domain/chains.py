@@ -19,14 +19,27 @@ from dataclasses import asdict, dataclass
 from libs.errors import DomainError
 from services.tool_gateway.domain.registry import ToolSpec
 
-__all__ = ["DONE_OUTCOMES", "Chain", "ChainStep", "RequiresUnmet", "check_requires", "kept_step", "step_key"]
+__all__ = ["DONE_OUTCOMES", "FRESH_OUTCOMES", "Chain", "ChainFull", "ChainStep", "RequiresUnmet", "check_requires",
+           "check_room", "chain_full", "kept_step", "step_key"]
 
 DONE_OUTCOMES = frozenset({"ok", "fallback", "replayed"})  # a step that answered a result
+FRESH_OUTCOMES = frozenset({"ok", "fallback"})  # a step whose backend answered anew (a new result)
 
 
 class RequiresUnmet(DomainError):
     error_type = "requires_unmet"
     retryable = False
+
+
+class ChainFull(DomainError):
+    error_type = "chain_full"
+    retryable = False
+
+
+def chain_full(chain_id: str, max_steps: int) -> ChainFull:
+    return ChainFull(f"chain {chain_id!r} holds its {max_steps} steps already: no new step is kept", field="chain_id",
+                     hint="start a new chain id for further steps (or repeat a step it holds); a chain expires a "
+                          "while after its last step")
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,11 @@ class ChainStep:
     @property
     def done(self) -> bool:
         return self.outcome in DONE_OUTCOMES
+
+    @property
+    def fresh(self) -> bool:
+        """Ran anew and answered: the only step that replaces a done one (a replayed one only renews the chain)."""
+        return self.outcome in FRESH_OUTCOMES
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -80,6 +98,15 @@ def check_requires(spec: ToolSpec, chain_id: str, chain: Chain | None) -> None:
     raise RequiresUnmet(f"{spec.name} requires {', '.join(missing)} done successfully in chain {chain_id!r} first"
                         + ("" if chain is not None else " (no step of this chain is known: new, or expired)"),
                         field="chain_id", hint=f"call {first} first with this chain id")
+
+
+def check_room(chain: Chain | None, chain_id: str, tool: str, args_sha256: str, max_steps: int) -> None:
+    """Refuse a new step (a tool and arguments the chain does not hold) of a chain that holds `max_steps`."""
+    if chain is None or len(chain.steps) < max_steps:
+        return
+    if any(s.tool == tool and s.args_sha256 == args_sha256 for s in chain.steps):
+        return
+    raise chain_full(chain_id, max_steps)
 
 
 def kept_step(chain: Chain | None, tool: str, args_sha256: str) -> ChainStep | None:

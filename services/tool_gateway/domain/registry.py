@@ -66,6 +66,7 @@ def validate_spec(spec: ToolSpec) -> ToolSpec:
         raise ValidationFailed("must be between 0 and 600 seconds", field="timeout_seconds")
     if not 0 <= spec.retries <= 5:
         raise ValidationFailed("must be between 0 and 5", field="retries")
+    # That the status tool is registered is checked at registration (service_layer/handlers.register_tool).
     if spec.status_tool and (spec.status_tool == spec.name or not _NAME.match(spec.status_tool)):
         raise ValidationFailed("must name another registered tool, e.g. payments.get_transfer",
                                field="status_tool", hint="the tool that answers whether the operation happened")
@@ -113,6 +114,17 @@ def validate_arguments(spec: ToolSpec, arguments: dict) -> dict:
         raise ValidationFailed(err.message, field=f"arguments/{where}" if where else "arguments",
                                hint=f"see the input schema of {spec.name} (tools/list)")
     return arguments
+
+
+def output_error(spec: ToolSpec, result: dict) -> str:
+    """Why `result` does not validate against `spec`'s output schema ("" when it does, or there is none)."""
+    if not spec.output_schema:
+        return ""
+    errors = sorted(SafeValidator(spec.output_schema).iter_errors(result), key=lambda e: list(e.path))
+    if not errors:
+        return ""
+    where = "/".join(str(p) for p in errors[0].path) or "(root)"
+    return f"{where}: {errors[0].message}"[:300]
 
 
 def _version_key(spec: ToolSpec) -> tuple[int, ...]:

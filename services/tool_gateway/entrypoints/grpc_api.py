@@ -97,10 +97,11 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
         return response
 
     async def GetTask(self, request, context):
-        return _task_response(await self._tasks().get(_tenant(current_principal.get()), request.task_id))
+        return _task_response(await self._tasks().get(current_principal.get() or _ANONYMOUS, request.task_id))
 
     async def CancelTask(self, request, context):
-        return _task_response(await self._tasks().cancel_task(_tenant(current_principal.get()), request.task_id))
+        return _task_response(await self._tasks().cancel_task(current_principal.get() or _ANONYMOUS,
+                                                              request.task_id))
 
     def _tasks(self) -> TaskRunner:
         if self.admin.tasks is None:

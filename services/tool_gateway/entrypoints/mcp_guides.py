@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from libs.auth import Principal
 from libs.errors import DomainError
+from services.tool_gateway.domain.calls import is_call_id
 from services.tool_gateway.domain.experience import Experience
 from services.tool_gateway.domain.guide import GUIDE_PREFIX, guide, guide_uri
 from services.tool_gateway.service_layer import experience, handlers, pipeline
@@ -122,7 +123,7 @@ def guide_handlers(ports: CallPorts, store: ExperienceStore | None, caller_of: C
                         raise _relayed(exc, name) from None
         step_id = uri.removeprefix(STEP_PREFIX)
         text = None
-        if caller is not None and uri.startswith(STEP_PREFIX) and step_id:
+        if caller is not None and uri.startswith(STEP_PREFIX) and is_call_id(step_id):
             text = await ports.results.get(caller.tenant_id or pipeline.SYSTEM_TENANT, step_id)
         if text is None:  # another tenant's result is as absent as an expired one
             raise _not_found(f"resource {uri[:200]}", "call the tool again (step results expire)")

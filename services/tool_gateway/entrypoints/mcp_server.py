@@ -37,6 +37,7 @@ from starlette.types import ASGIApp
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable, ValidationFailed
 from libs.transient import TRANSIENT_ERRORS
+from libs.validation import check_identifier
 from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec, error_detail
 from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
@@ -87,10 +88,11 @@ def chain_id_of(params: types.CallToolRequestParams) -> str:
     value = (params.meta or {}).get(CHAIN_ID_META)
     if value is None or value == "":
         return ""
-    if not isinstance(value, str) or len(value) > 128 or not value.isprintable():
-        raise ValidationFailed("must be a string of at most 128 printable characters",
-                               field=f"_meta/{CHAIN_ID_META}", hint="pass the same chain id with every step")
-    return value
+    field = f"_meta/{CHAIN_ID_META}"
+    if not isinstance(value, str):
+        raise ValidationFailed(f"must be a string, not {type(value).__name__}", field=field,
+                               hint="pass the same chain id with every step")
+    return check_identifier(value, field, 128)  # the rule gRPC's CallToolRequest.chain_id follows
 
 
 def error_result(error: DomainError) -> types.CallToolResult:
@@ -254,7 +256,7 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
                 raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
 
         server.tasks = True
-        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse))
+        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse, error_result))
         for method, (params_type, handler) in task_handlers(
                 tasks, caller_of, lambda outcome: outcome_result(outcome, outcome.has_output_schema),
                 error_result).items():

@@ -26,13 +26,13 @@ from typing import Any
 import mcp_types as types
 from mcp.server.context import CallNext, ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from libs.auth import Principal
-from libs.errors import DomainError
+from libs.errors import DomainError, ValidationFailed
 from services.tool_gateway.domain import CallOutcome, CleanResult, ToolCall
 from services.tool_gateway.entrypoints.calls import current_trace_id
-from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT
-from services.tool_gateway.service_layer.tasks import TaskRunner
+from services.tool_gateway.service_layer.tasks import TaskRunner, check_task_id
 
 __all__ = ["TASK_REVISIONS", "TaskMiddleware", "capabilities", "stored_outcome", "task_handlers", "wire_task"]
 
@@ -80,44 +80,58 @@ def stored_outcome(d: dict[str, Any]) -> CallOutcome:
 class TaskMiddleware:
     """Answers a task-augmented `tools/call` (2025-11-25) with the task, the call running in the background."""
 
-    def __init__(self, runner: TaskRunner, caller, chain_id_of) -> None:
-        self.runner, self.caller, self.chain_id_of = runner, caller, chain_id_of
+    def __init__(self, runner: TaskRunner, caller, chain_id_of,
+                 refuse: Callable[[DomainError], types.CallToolResult]) -> None:
+        """`refuse`: a refusal as the tool result a `tools/call` would have had."""
+        self.runner, self.caller, self.chain_id_of, self.refuse = runner, caller, chain_id_of, refuse
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else None
         if (ctx.method != "tools/call" or params is None or params.get("task") is None
                 or ctx.protocol_version not in TASK_REVISIONS):
             return await call_next(ctx)
-        typed = types.CallToolRequestParams.model_validate(params, by_name=False)
+        try:
+            typed = types.CallToolRequestParams.model_validate(params, by_name=False)
+        except ValidationError as exc:  # a structured error naming the field, not pydantic's text
+            first = exc.errors()[0]
+            field = "/".join(str(part) for part in first["loc"]) or "params"
+            detail = ValidationFailed(str(first["msg"])[:300], field=f"params/{field}",
+                                      hint="see tools/call in the MCP specification (name, arguments, task)")
+            raise MCPError(types.INVALID_PARAMS, f"{detail.error_type}: {detail.field}: {detail.reason}",
+                           detail.to_dict()) from None
         caller: Principal | None = self.caller(ctx)
         if caller is None:
             return await call_next(ctx)  # the handler answers the refusal
         chain_id = self.chain_id_of(typed)  # raises MCPError (invalid params) when malformed
-        state = await self.runner.start(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
-                                                 principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
+        try:  # refused before its backend (unknown tool, scopes, arguments, rate limit...): no task, a tool error
+            state = await self.runner.start(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
+                                                     principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
+        except DomainError as exc:
+            return self.refuse(exc).model_dump(by_alias=True, mode="json", exclude_none=True)
         return {"task": wire_task(state), "content": []}
 
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
-    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's tenant's
-    tasks only.
+    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's own tasks
+    only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin).
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
-    def tenant(ctx: ServerRequestContext[Any, Any]) -> str:
-        principal: Principal | None = caller(ctx)
-        if principal is None:
+    def principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
+        found: Principal | None = caller(ctx)
+        if found is None:
             raise MCPError(types.INVALID_REQUEST, "the request carries no authenticated caller")
-        return principal.tenant_id or SYSTEM_TENANT
+        return found
 
     async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool = False,
                    cancel: bool = False) -> dict[str, Any]:
-        try:
+        try:  # the runner checks the scope and that the task is the caller's
+            check_task_id(task_id, "taskId")
             if cancel:
-                return await runner.cancel_task(tenant(ctx), task_id)
+                return await runner.cancel_task(principal(ctx), task_id)
             if wait:
-                return await runner.wait(tenant(ctx), task_id, poll_seconds=0.1)
-            return await runner.get(tenant(ctx), task_id)
+                return await runner.wait(principal(ctx), task_id, poll_seconds=0.1)
+            return await runner.get(principal(ctx), task_id)
         except DomainError as exc:
             raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
 
@@ -132,8 +146,19 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
         elif state["state"] == "cancelled":
             result = refuse(_StoredError({"error_type": "cancelled", "reason": state.get("status_message", ""),
                                                 "hint": "call again to retry"}))
-        else:
-            raise MCPError(types.INTERNAL_ERROR, f"task {params.task_id} is still {state['state']}")
+        elif state["state"] == "failed":  # ended without an outcome: its replica was lost, or the gateway failed
+            lost = bool(state.get("lost"))
+            result = refuse(_StoredError({
+                "error_type": "task_lost" if lost else "task_failed", "field": "taskId",
+                "reason": state.get("status_message", "") or "the task failed before its call ended",
+                "retryable": False,
+                "hint": "the call may or may not have reached the tool: check it (GetCall, or the tool's status "
+                        "tool) before calling again" if lost else "call again to retry"}))
+        else:  # still working when the wait ended
+            raise MCPError(types.INVALID_REQUEST, f"task_working: task {params.task_id} is still {state['state']}",
+                           {"error_type": "task_working", "field": "taskId", "retryable": True,
+                            "reason": f"the task is still {state['state']}",
+                            "hint": "ask tasks/result again later, or poll tasks/get"})
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         dumped.pop("resultType", None)
         dumped["_meta"] = {**(dumped.get("_meta") or {}), RELATED_TASK: {"taskId": params.task_id}}

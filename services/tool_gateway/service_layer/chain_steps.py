@@ -77,9 +77,11 @@ async def record_call(call: ToolCall, outcome: CallOutcome, ports: CallPorts) ->
         attempts=outcome.attempts, chain_id=call.chain_id))
     if not call.chain_id or ports.chains is None or not (outcome.attempts > 0 or outcome.outcome in _CHAIN_STEPS):
         return
-    done = outcome.outcome in ("ok", "fallback")  # a replayed step renews the chain, keeping its first call
+    # A replayed step only renews the chain (the store keeps the done step it replayed, and its first call);
+    # its result is kept under its own call id too, should the chain have lost that step meanwhile.
+    done = outcome.outcome in ("ok", "fallback", "replayed")
     try:
-        await ports.chains.record(tenant, call.chain_id, ChainStep(
+        await ports.chains.record(tenant, p.subject, call.chain_id, ChainStep(
             tool=call.name, args_sha256=arguments_hash, call_id=outcome.call_id, outcome=outcome.outcome,
             result_key=outcome.call_id if done else "", at=time.time()))
     except Exception as exc:  # noqa: BLE001 - the call happened and is audited; the chain only loses this step

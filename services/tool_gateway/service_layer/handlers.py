@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from libs.auth import Principal
-from libs.errors import Conflict, NotFound
+from libs.errors import Conflict, NotFound, ValidationFailed
 from services.tool_gateway.domain import ToolSpec, current_versions, validate_spec
 from services.tool_gateway.domain.calls import CallState, call_state
 from services.tool_gateway.domain.registry import pick_version
@@ -21,6 +21,10 @@ async def register_tool(spec: ToolSpec, registry: Registry) -> ToolSpec:
     # Schema validation is linear in its input (patterns run on RE2), but a big schema still
     # takes CPU: off the event loop, health checks and other calls keep being answered.
     await asyncio.to_thread(validate_spec, spec)
+    if spec.status_tool and not (await registry.lookup(spec.status_tool))[0]:
+        raise ValidationFailed(f"names {spec.status_tool!r}, which is not a registered tool", field="status_tool",
+                               hint=f"register {spec.status_tool} first (the tool that answers whether an operation "
+                                    f"of {spec.name} happened), then {spec.name}")
     if not await registry.register(spec):
         raise Conflict(f"{spec.name} {spec.version} is already registered", field="version", retryable=False,
                        hint="register a new version; versions are immutable")

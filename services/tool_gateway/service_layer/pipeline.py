@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from libs.auth import current_principal
+from libs.auth import Principal, current_principal
 from libs.errors import DomainError, Internal
 from libs.logs import get_logger
 from services.tool_gateway.domain import (
@@ -34,8 +34,8 @@ from services.tool_gateway.domain import (
     clean_result,
     validate_arguments,
 )
-from services.tool_gateway.domain.calls import step_uri
-from services.tool_gateway.domain.chains import check_requires
+from services.tool_gateway.domain.calls import args_sha256, step_uri
+from services.tool_gateway.domain.chains import check_requires, check_room
 from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, arm_for, roll_back, rollback_reason
 from services.tool_gateway.service_layer.chain_steps import (
@@ -60,7 +60,8 @@ from services.tool_gateway.service_layer.ports import (
 from services.tool_gateway.service_layer.resolve import not_found, resolve
 from services.tool_gateway.service_layer.status_check import timed_out
 
-__all__ = ["SYSTEM_TENANT", "CallCancelled", "CallPolicy", "CallPorts", "breaker_key", "call_tool", "drain_detached",
+__all__ = ["SYSTEM_TENANT", "Admitted", "CallCancelled", "CallPolicy", "CallPorts", "admit_call", "breaker_key",
+           "call_tool", "drain_detached",
            "resolve", "step_uri"]
 
 log = get_logger(__name__)
@@ -163,8 +164,8 @@ async def _admit(call: ToolCall, spec: ToolSpec, ports: CallPorts) -> tuple[bool
     return admitted, state, retry_after
 
 
-async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None,
-                   ports: CallPorts, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int, str]:
+async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float | None, ports: CallPorts,
+                   principal: Principal, first: tuple[bool, str, float] | None = None) -> tuple[dict[str, Any], int, str]:
     """Call `spec` with bounded retries; returns (result, attempts, confirmed_by) or raises the last error.
 
     `confirmed_by`: the status tool that said a timed-out call's operation happened ("" otherwise).
@@ -187,7 +188,7 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
             async with asyncio.timeout(timeout):
                 result = await ports.backends.call(spec, arguments, timeout)
         except TimeoutError:
-            error, confirmed = await timed_out(spec, arguments, timeout, deadline_at, ports)
+            error, confirmed = await timed_out(spec, arguments, timeout, deadline_at, ports, principal)
             if confirmed is not None:  # it happened, only slowly: no retry; slow all the same for the breaker
                 await ports.breakers.record(breaker_key(spec), False)
                 return confirmed, attempt, spec.status_tool
@@ -222,7 +223,7 @@ async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
             alt = await resolve(name, "", ports.registry)
             authorise(alt, call.principal)
             await _validate(alt, call.arguments, ports.policy)
-            result, attempts, _ = await _attempt(alt, call.arguments, deadline_at, ports)
+            result, attempts, _ = await _attempt(alt, call.arguments, deadline_at, ports, call.principal)
         except DomainError as exc:
             log.info("fallback failed", tool=spec.name, fallback=name, error_type=exc.error_type)
             continue
@@ -230,25 +231,49 @@ async def _fallbacks(call: ToolCall, spec: ToolSpec, deadline_at: float | None,
     return None
 
 
-async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
-               rollout: Rollout | None = None, arm: str = "") -> CallOutcome:
+@dataclass(frozen=True)
+class Admitted:
+    """A call that passed every check before its backend (`admit_call`): what running it needs."""
+
+    call_id: str
+    spec: ToolSpec
+    started: float
+    rollout: Rollout | None = None
+    arm: str = ""
+    admission: tuple[bool, str, float] | None = None  # the breaker's answer for the first attempt
+    replayed: CallOutcome | None = None  # the chain's kept result answers it: no backend
+
+
+async def _check(call: ToolCall, spec: ToolSpec, call_id: str, started: float, ports: CallPorts,
+                 rollout: Rollout | None = None, arm: str = "") -> Admitted:
+    """authorise → arguments → chain (requires, replay, room) → rate limit and breaker: raises the refusal."""
     authorise(spec, call.principal)
     await _validate(spec, call.arguments, ports.policy)
     tenant = call.principal.tenant_id or SYSTEM_TENANT
     if call.chain_id and ports.chains is not None:
-        chain = await ports.chains.load(tenant, call.chain_id)
+        chain = await ports.chains.load(tenant, call.principal.subject, call.chain_id)
         check_requires(spec, call.chain_id, chain)
         replayed = await replay(call, spec, call_id, chain, tenant, ports)
         if replayed is not None:
-            return replayed
+            return Admitted(call_id, spec, started, replayed=replayed)
+        check_room(chain, call.chain_id, spec.name, args_sha256(call.arguments), ports.chains.max_steps)
     else:
         check_requires(spec, "", None)
-    admission = await _admit(call, spec, ports)
+    return Admitted(call_id, spec, started, rollout, arm, await _admit(call, spec, ports))
+
+
+async def _run(call: ToolCall, admitted: Admitted, ports: CallPorts) -> CallOutcome:
+    if admitted.replayed is not None:
+        return admitted.replayed
+    spec, call_id, rollout, arm, admission = (admitted.spec, admitted.call_id, admitted.rollout, admitted.arm,
+                                              admitted.admission)
+    tenant = call.principal.tenant_id or SYSTEM_TENANT
     if call.chain_id:  # GetCall answers "running" until the audit row says how it ended
         await ports.results.mark_running(tenant, call.chain_id, call.deadline_seconds or spec.timeout_seconds)
     deadline_at = ports.clock() + call.deadline_seconds if call.deadline_seconds > 0 else None
     try:
-        result, attempts, confirmed_by = await _attempt(spec, call.arguments, deadline_at, ports, admission)
+        result, attempts, confirmed_by = await _attempt(spec, call.arguments, deadline_at, ports, call.principal,
+                                                        admission)
         served_by, outcome = confirmed_by or spec.name, "ok"
         if arm:
             await _count_arm(spec, rollout, arm, True, ports)
@@ -276,21 +301,44 @@ async def _run(call: ToolCall, spec: ToolSpec, call_id: str, ports: CallPorts,
                        served_by=served_by, attempts=attempts, has_output_schema=bool(spec.output_schema))
 
 
-async def call_tool(call: ToolCall, ports: CallPorts) -> CallOutcome:
-    """Run one call through the whole pipeline. Refusals and failures come back as the outcome's
-    error (never raised), and every call is audited."""
-    current_principal.set(call.principal)  # backends that act for the caller (memory) read it; this task only
+def _failed(call_id: str, name: str, version: str, error: DomainError) -> CallOutcome:
+    kind = "timeout" if error.error_type == "deadline_exceeded" else "error"
+    return CallOutcome(call_id, name, version, error=error, outcome=kind, attempts=getattr(error, "attempts", 0))
+
+
+async def admit_call(call: ToolCall, ports: CallPorts) -> Admitted | CallOutcome:
+    """The checks before the backend (resolve, authorise, arguments, chain, rate limit, breaker) of a call run
+    later (a task), so that a refusal answers the request itself: the Admitted call, to pass to `call_tool`,
+    or the refusal's outcome (audited)."""
+    current_principal.set(call.principal)
     started = ports.clock()
     call_id = uuid.uuid4().hex
     version = call.version
     try:
         spec, rollout, arm = await _route(call, ports.registry)
         version = spec.version
-        outcome = await _run(call, spec, call_id, ports, rollout, arm)
+        return await _check(call, spec, call_id, started, ports, rollout, arm)
     except DomainError as exc:
-        kind = "timeout" if exc.error_type == "deadline_exceeded" else "error"
-        outcome = CallOutcome(call_id, call.name, version, error=exc, outcome=kind,
-                              attempts=getattr(exc, "attempts", 0))
+        outcome = replace(_failed(call_id, call.name, version, exc), latency_ms=(ports.clock() - started) * 1000)
+        await record_call(call, outcome, ports)
+        return outcome
+
+
+async def call_tool(call: ToolCall, ports: CallPorts, admitted: Admitted | None = None) -> CallOutcome:
+    """Run one call through the whole pipeline (from its backend on, when `admit_call` `admitted` it already).
+    Refusals and failures come back as the outcome's error (never raised), and every call is audited."""
+    current_principal.set(call.principal)  # backends that act for the caller (memory) read it; this task only
+    started = admitted.started if admitted is not None else ports.clock()
+    call_id = admitted.call_id if admitted is not None else uuid.uuid4().hex
+    version = admitted.spec.version if admitted is not None else call.version
+    try:
+        if admitted is None:
+            spec, rollout, arm = await _route(call, ports.registry)
+            version = spec.version
+            admitted = await _check(call, spec, call_id, started, ports, rollout, arm)
+        outcome = await _run(call, admitted, ports)
+    except DomainError as exc:
+        outcome = _failed(call_id, call.name, version, exc)
     except asyncio.CancelledError:  # the caller went away (or the gateway stops): audited all the same
         cancelled = CallOutcome(call_id, call.name, version, error=CallCancelled(
             "the caller cancelled the call", hint="the call was stopped, upstream too; call again to retry"),

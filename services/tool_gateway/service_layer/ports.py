@@ -129,14 +129,19 @@ class ResultStore(Protocol):
 
 
 class ChainStore(Protocol):
-    """Each chain's steps, shared by every replica, living a TTL after the chain's last step."""
+    """Each chain's steps, shared by every replica, living a TTL after the chain's last step. A chain belongs to
+    its caller (tenant and subject): another caller's chain of the same id is another chain. A chain holds at
+    most `max_steps` steps."""
 
-    async def load(self, tenant_id: str, chain_id: str) -> Chain | None:
+    max_steps: int
+
+    async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
         """The chain's steps; None when it has none (new, or expired)."""
         ...
 
-    async def record(self, tenant_id: str, chain_id: str, step: ChainStep) -> None:
-        """Keep `step` (one per tool and arguments hash: a failure does not replace a success) and renew the TTL."""
+    async def record(self, tenant_id: str, subject: str, chain_id: str, step: ChainStep) -> None:
+        """Keep `step` (one per tool and arguments hash: only a step run anew replaces a done one; a failure or a
+        replay does not) and renew the TTL; a new step past `max_steps` is not kept (ChainFull)."""
         ...
 
 
@@ -149,8 +154,21 @@ class TaskStore(Protocol):
     async def load(self, tenant_id: str, task_id: str) -> dict[str, Any] | None:
         ...
 
-    async def hold(self, tenant_id: str, task_id: str, seconds: float) -> None:
-        """The replica running the task is alive for `seconds` more (renewed while it runs)."""
+    async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
+                    max_working: int) -> int:
+        """Save a new working task (`state["caller"]` its caller) with its lease, unless that caller has
+        `max_working` working tasks already (those whose lease lapsed do not count): how many the caller has
+        with it (> 0), or minus how many it has (<= 0: not saved)."""
+        ...
+
+    async def end(self, tenant_id: str, task_id: str, state: dict[str, Any]) -> bool:
+        """Save the final `state` only while the stored one is "working" (compare-and-set): False when it had
+        ended already (a final state is never replaced)."""
+        ...
+
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
+        """The replica running the task (of caller `subject`) is alive for `seconds` more (renewed while it
+        runs)."""
         ...
 
     async def held(self, tenant_id: str, task_id: str) -> bool:

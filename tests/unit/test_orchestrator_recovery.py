@@ -123,6 +123,21 @@ async def test_a_lost_call_the_gateway_says_is_done_is_not_made_again() -> None:
     assert reply.text == "Order A12345 is shipped; expected delivery 2026-03-09." and reply.citations == (lost_call,)
 
 
+async def test_a_lost_call_the_gateway_recorded_but_cannot_settle_is_handed_to_a_person() -> None:
+    """The gateway recorded the call (it timed out, and its status tool could not say whether it happened):
+    calling again could charge twice, so the new runner leaves it to a person."""
+    sessions = FakeSessionRepository()
+    lost_call = await a_runner_dies_mid_call(sessions)
+    age(sessions, LEASE + 1)
+    tools = LocalTools(statuses={lost_call: CallStatus("uncertain")})
+    with anyio.fail_after(5):
+        session = await say(agent(sessions, tools), "any news?")
+    assert tools.status_checks == [lost_call] and tools.calls == []
+    finished = await events(sessions, ActionFinished)
+    assert [(f.action_id, f.outcome, f.do_not_retry) for f in finished] == [(lost_call, Outcome.TIMEOUT, True)]
+    assert session.state == State.ESCALATE_TO_HUMAN
+
+
 async def test_a_busy_turn_within_its_lease_is_left_to_its_runner() -> None:
     sessions = FakeSessionRepository()
     await a_runner_dies_mid_call(sessions)

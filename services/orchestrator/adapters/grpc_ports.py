@@ -155,6 +155,8 @@ class GrpcToolGateway:
             return CallStatus("unknown")
         if reply.state == "done":
             return CallStatus("done", json_format.MessageToDict(reply.result))
+        if reply.state == "unknown" and reply.call_id:  # the gateway recorded it: it may have happened
+            return CallStatus("uncertain")
         return CallStatus(reply.state if reply.state in ("failed", "running") else "unknown")
 
     async def list_tools(self, tenant_id: str) -> list[ToolInfo]:

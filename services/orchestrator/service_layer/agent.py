@@ -179,10 +179,10 @@ class Agent(SlotConfirmation, DelegationRouting):
                 events.append(ActionFinished(action.action_id, task.task_id, Outcome.OK, result_json,
                                              "its runner stopped; the backend's status says done"))
                 settled.append((action, result_json))
-            else:  # still running: it may yet happen, so it is not made again (a person takes over)
+            else:  # running or uncertain: it may have happened, so it is not made again (a person takes over)
                 events.append(ActionFinished(action.action_id, task.task_id, Outcome.TIMEOUT,
                                              reason=f"its runner stopped; the backend's status says {status.state}",
-                                             do_not_retry=status.state == "running"))
+                                             do_not_retry=status.state in ("running", "uncertain")))
         if task.pending() and session.state == State.ROUTING:
             verified = bool(settled)
             events.append(StateChanged(State.ROUTING, State.GENERATING, "tool result verified", task_id=task.task_id)
@@ -302,8 +302,8 @@ class Agent(SlotConfirmation, DelegationRouting):
                 result, reason = ToolResult(True, status.result), "timed out; the backend's status says done"
             else:
                 outcome, reason = Outcome.TIMEOUT, f"timed out; the backend's status says {status.state}"
-                # Only a call the backend says failed may run again, and only if the error allows it: "unknown"
-                # and "running" mean it may have happened (a second call could charge twice).
+                # Only a call the backend says failed may run again, and only if the error allows it: "unknown",
+                # "uncertain" and "running" mean it may have happened (a second call could charge twice).
                 final = status.state != "failed" or not result.retryable
                 if not result.retryable and result.reason:
                     reason += f" ({result.reason})"[:300]

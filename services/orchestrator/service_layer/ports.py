@@ -96,9 +96,11 @@ class ToolResult:
 @dataclass(frozen=True)
 class CallStatus:
     """What the backend says about a call whose answer was lost (a timeout): done (with its result), still
-    running (ask again), failed, or unknown (nothing recorded under that id): only `done` counts as a result."""
+    running (ask again), failed (it did not happen), uncertain (it was recorded and may have happened, e.g. it
+    timed out and its status tool could not say: never made again), or unknown (nothing recorded under that
+    id, or the gateway could not be asked): only `done` counts as a result."""
 
-    state: str  # done | running | failed | unknown
+    state: str  # done | running | failed | uncertain | unknown
     result: dict[str, Any] = field(default_factory=dict)
 
 

@@ -167,13 +167,17 @@ class BatchConsumer:
             return
         queues = [_Lane() for _ in range(self.lanes)]
         self._in_flight.clear()
-        try:
-            async with asyncio.TaskGroup() as lanes:
-                for queue in queues:
-                    lanes.create_task(self._lane(queue))
-                lanes.create_task(self._read(lambda raw: self._dispatch(raw, queues)))
-        except BaseExceptionGroup as group:  # a lane or the reader failed: run() retries or ends on its error
-            raise group.exceptions[0] from None
+        tasks = [asyncio.create_task(self._lane(queue)) for queue in queues]
+        tasks.append(asyncio.create_task(self._read(lambda raw: self._dispatch(raw, queues))))
+        try:  # until one fails (run() retries or ends on its error) or this task is cancelled
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            # Not a TaskGroup: a lane failing while cancelled would turn the cancellation into its error.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _read(self, take: Callable[[list], Awaitable[None]]) -> None:
         redis = await self.bus.redis()

@@ -38,7 +38,7 @@ from opentelemetry import metrics
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from libs.errors import DomainError
 from libs.events.envelope import CREDENTIAL_FIELD, Envelope, MalformedEvent
@@ -80,7 +80,6 @@ local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence > tonumber(ARGV[1]) then return redis.error_reply('FENCED term ' .. ARGV[1] .. ' < ' .. fence) end
 return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
 """
-_FENCED_XADD_SHA = hashlib.sha1(_FENCED_XADD.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
 _RAISE_FENCE = """
 local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
 if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
@@ -206,24 +205,26 @@ class EventBus:
     async def _fenced_xadds(self, client: Redis, items: list[tuple[Envelope, str]], fence: tuple[str, int]) -> int:
         """The pipeline of fenced XADDs by the script's digest (EVALSHA: not its text per event); a Redis
         that lost its scripts (restarted, SCRIPT FLUSH) gets the script again and the rest is sent again."""
+        script = _FENCED_XADD
+        digest = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by their SHA-1
         sent = 0
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
             for envelope, stream in items[sent:]:
                 flat = [item for pair in envelope.to_fields().items() for item in pair]
-                pipe.evalsha(_FENCED_XADD_SHA, 2, self.stream_name(stream), fence[0], fence[1], *flat)
+                pipe.evalsha(digest, 2, self.stream_name(stream), fence[0], fence[1], *flat)
             results = await pipe.execute(raise_on_error=False)
             for result in results:
                 if isinstance(result, Exception):
                     if "FENCED" in str(result):
                         return sent
-                    if "NOSCRIPT" in str(result) and attempt == 0:
+                    if isinstance(result, NoScriptError) and attempt == 0:
                         break
                     raise result
                 sent += 1
             else:
                 return sent
-            await client.script_load(_FENCED_XADD)
+            await client.script_load(script)
         return sent
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:

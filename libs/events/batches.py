@@ -25,7 +25,8 @@ entry goes to the lane of its key (a hash of tenant and key); a lane handles its
 order, one batch (one transaction per tenant) at a time. So two concurrent transactions never hold
 entries of the same key (the memory-writer's key is the user: its duplicate merge, idempotency keys
 and per-user order stay as with one lane), while entries of different keys proceed side by side.
-The reader reads up to `batch_size × lanes` entries at a time and waits while that many are in flight.
+The reader reads up to `batch_size × lanes` entries at a time and waits while twice that many are in flight
+(a batch running and one waiting per lane).
 """
 
 from __future__ import annotations
@@ -207,12 +208,15 @@ class BatchConsumer:
                 claimed = [c for c in claimed if _text(c[0]) not in self._in_flight]
                 if claimed:
                     await take(claimed)
-            count = self.batch_size * self.lanes
-            while len(self._in_flight) >= count:  # every lane has a batch waiting: let them catch up
+            # Up to a batch running and a full one waiting per lane, so a lane never takes a half batch
+            # (a transaction's fixed costs are paid per batch) just because the reader was behind.
+            most = 2 * self.batch_size * self.lanes if self.lanes > 1 else self.batch_size
+            while len(self._in_flight) >= most:
                 self._settled.clear()
                 await self._settled.wait()
             read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"},
-                                          count=count - len(self._in_flight), block=self.block_ms)
+                                          count=min(self.batch_size * self.lanes, most - len(self._in_flight)),
+                                          block=self.block_ms)
             if read and read[0][1]:
                 await take(read[0][1])
 

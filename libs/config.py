@@ -194,8 +194,6 @@ class Settings(BaseSettings):
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
-    memory_batch_lanes: int = Field(2, ge=1, le=16, description="batches written at once (a user's commands always in"
-                                    " the same lane, in order)")
     memory_burst_limit: int = Field(120, ge=1, description="writes of one user per minute before the poisoning guard"
                                     " quarantines the rest of the burst")
     memory_sensitive_contacts: str = Field("", description="tenants whose phone numbers and e-mails are sensitive"

@@ -18,23 +18,12 @@ the processed-event rows make the redelivery a no-op for what had committed.
 
 Same consumer group and consumer name as the bus would use, so pending entries of a previous
 process (same replica) are read back first at start.
-
-Lanes (`lanes` > 1, with a `partition` key per envelope): batches are handled concurrently, so one
-batch's CPU work overlaps another's database round trips, without giving up any guarantee. Each
-entry goes to the lane of its key (a hash of tenant and key); a lane handles its entries in stream
-order, one batch (one transaction per tenant) at a time. So two concurrent transactions never hold
-entries of the same key (the memory-writer's key is the user: its duplicate merge, idempotency keys
-and per-user order stay as with one lane), while entries of different keys proceed side by side.
-The reader reads up to `batch_size × lanes` entries at a time and waits while twice that many are in flight
-(a batch running and one waiting per lane).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -73,25 +62,6 @@ class _Entry:
     envelope: Envelope | None = None
 
 
-class _Lane:
-    """Entries waiting for one lane, in stream order."""
-
-    def __init__(self) -> None:
-        self._entries: collections.deque[_Entry] = collections.deque()
-        self._put = asyncio.Event()
-
-    def put(self, entries: list[_Entry]) -> None:
-        self._entries.extend(entries)
-        self._put.set()
-
-    async def take(self, most: int) -> list[_Entry]:
-        """The oldest entries, up to `most`, once there is one."""
-        while not self._entries:
-            self._put.clear()
-            await self._put.wait()
-        return [self._entries.popleft() for _ in range(min(most, len(self._entries)))]
-
-
 class _VerifiedOnce:
     """The consumer's TokenVerifier for one batch: each distinct credential is verified once (a producer's
     entries carry the same token), its outcome, principal or refusal, reused for the batch's other entries."""
@@ -120,19 +90,9 @@ class BatchConsumer:
     def __init__(self, bus: EventBus, db: Database, stream: str, group: str, handler: BatchHandler,
                  verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
                  delete_handled: bool = False,
-                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None, lanes: int = 1,
-                 partition: Callable[[Envelope], str] | None = None) -> None:
+                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
         """`delete_handled`: XDEL entries once acknowledged (a command stream whose entries may hold data
-        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep; `lanes`:
-        batches handled at once, entries of one `partition` key (of an admitted envelope) always in one
-        lane (required when `lanes` > 1)."""
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, not {lanes}")
-        if lanes > 1 and partition is None:
-            raise ValueError("lanes > 1 need a partition key: entries of one key must never be handled at once")
-        self.lanes, self.partition = lanes, partition
-        self._in_flight: set[str] = set()  # entry ids dispatched to a lane and not yet settled
-        self._settled = asyncio.Event()
+        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep."""
         self.delete_handled, self.scrub = delete_handled, scrub
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
@@ -163,24 +123,6 @@ class BatchConsumer:
                 delay = 0.1
 
     async def _consume(self) -> None:
-        if self.lanes == 1:
-            await self._read(self.handle)
-            return
-        queues = [_Lane() for _ in range(self.lanes)]
-        self._in_flight.clear()
-        tasks = [asyncio.create_task(self._lane(queue)) for queue in queues]
-        tasks.append(asyncio.create_task(self._read(lambda raw: self._dispatch(raw, queues))))
-        try:  # until one fails (run() retries or ends on its error) or this task is cancelled
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            # Not a TaskGroup: a lane failing while cancelled would turn the cancellation into its error.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _read(self, take: Callable[[list], Awaitable[None]]) -> None:
         redis = await self.bus.redis()
         try:
             await redis.xgroup_create(self.key, self.group, id="0", mkstream=True)
@@ -193,7 +135,7 @@ class BatchConsumer:
         if own and own[0][1]:
             log.info("taking back pending entries of a previous process", stream=self.key, entries=len(own[0][1]))
             for start in range(0, len(own[0][1]), self.batch_size):
-                await take(own[0][1][start:start + self.batch_size])
+                await self.handle(own[0][1][start:start + self.batch_size])
         next_claim = 0.0
         while True:
             if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
@@ -204,67 +146,16 @@ class BatchConsumer:
                 claimed, deleted = result[1], (result[2] if len(result) > 2 else [])
                 if deleted:
                     await redis.xack(self.key, self.group, *deleted)
-                # An entry still in a lane is being handled (it idled in its queue), not abandoned.
-                claimed = [c for c in claimed if _text(c[0]) not in self._in_flight]
                 if claimed:
-                    await take(claimed)
-            # Up to a batch running and a full one waiting per lane, so a lane never takes a half batch
-            # (a transaction's fixed costs are paid per batch) just because the reader was behind.
-            most = 2 * self.batch_size * self.lanes if self.lanes > 1 else self.batch_size
-            while len(self._in_flight) >= most:
-                self._settled.clear()
-                await self._settled.wait()
-            read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"},
-                                          count=min(self.batch_size * self.lanes, most - len(self._in_flight)),
+                    await self.handle(claimed)
+            read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
                                           block=self.block_ms)
             if read and read[0][1]:
-                await take(read[0][1])
+                await self.handle(read[0][1])
 
     async def handle(self, raw: list) -> None:
         """Handle entries as XREADGROUP returns them: [(entry id, {field: value} or None), ...]."""
-        entries, done = await self._admit(raw)
-        done += await self._handle_admitted(entries)
-        await self._ack(done)
-
-    async def _dispatch(self, raw: list, queues: list[_Lane]) -> None:
-        """Admit entries and hand each to the lane of its partition key, in stream order."""
-        entries, done = await self._admit(raw)
-        await self._ack(done)
-        by_lane: dict[int, list[_Entry]] = {}
-        for entry in entries:
-            try:
-                key = f"{entry.envelope.tenant_id}\x00{self.partition(entry.envelope)}"
-            except Exception:  # noqa: BLE001 - the handler reports what is wrong with it; any one lane will do
-                key = entry.envelope.tenant_id
-            by_lane.setdefault(zlib.crc32(key.encode()) % self.lanes, []).append(entry)
-        for lane, group in by_lane.items():
-            self._in_flight.update(e.entry_id for e in group)
-            queues[lane].put(group)
-
-    async def _lane(self, queue: _Lane) -> None:
-        """Handle one lane's entries in order, a batch (up to batch_size) at a time, then acknowledge them."""
-        while True:
-            entries = await queue.take(self.batch_size)
-            try:
-                await self._ack(await self._handle_admitted(entries))
-            finally:
-                self._in_flight.difference_update(e.entry_id for e in entries)
-                self._settled.set()
-
-    async def _ack(self, done: list[str]) -> None:
-        if not done:
-            return
         redis = await self.bus.redis()
-        if self.delete_handled:  # both in one round trip
-            pipe = redis.pipeline(transaction=False)
-            pipe.xack(self.key, self.group, *done)
-            pipe.xdel(self.key, *done)
-            await pipe.execute()
-        else:
-            await redis.xack(self.key, self.group, *done)
-
-    async def _admit(self, raw: list) -> tuple[list[_Entry], list[str]]:
-        """Parse and admit entries; return those to handle and the ids already settled (dead-lettered)."""
         entries, done = [], []
         verifier = _VerifiedOnce(self.verifier) if self.verifier is not None else None
         for entry_id, fields in raw:
@@ -293,17 +184,18 @@ class BatchConsumer:
                 continue
             entries.append(entry)
         self._batch_size.record(len(raw), {"stream": self.key})
-        return entries, done
-
-    async def _handle_admitted(self, entries: list[_Entry]) -> list[str]:
-        """One transaction per tenant of `entries`; return the entry ids to acknowledge."""
         by_tenant: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)
-        done: list[str] = []
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
-        return done
+        if done and self.delete_handled:  # both in one round trip
+            pipe = redis.pipeline(transaction=False)
+            pipe.xack(self.key, self.group, *done)
+            pipe.xdel(self.key, *done)
+            await pipe.execute()
+        elif done:
+            await redis.xack(self.key, self.group, *done)
 
     async def _handle_tenant(self, tenant_id: str, entries: list[_Entry]) -> list[str]:
         """Run the handler for one tenant's entries; return the entry ids to acknowledge."""

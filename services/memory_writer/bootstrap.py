@@ -50,9 +50,6 @@ async def bootstrap(ctx: ServiceContext) -> None:
     consumer = BatchConsumer(ctx.bus, ctx.db, MEMORY_COMMANDS, ctx.group, streams.on_write_batch(uow_in, policy),
                              ctx.verifier, batch_size=ctx.settings.memory_batch_size,
                              block_ms=ctx.settings.memory_batch_block_ms,
-                             # Batches overlap (one's CPU work with another's database waits), a user's commands
-                             # always in one lane: never two transactions writing for one user at once.
-                             lanes=ctx.settings.memory_batch_lanes, partition=streams.user_of,
                              # A command may hold a secret: once written (sealed), its entry is deleted, and a
                              # dead-lettered one keeps only the redacted text.
                              delete_handled=True, scrub=streams.scrubber(policy))

@@ -398,12 +398,9 @@ async def test_a_stream_command_with_a_nul_byte_is_dead_lettered_at_once_naming_
     assert await rows(writer, "SELECT 1 FROM memories") == []
 
 
-async def test_identical_content_of_one_user_in_batches_handled_at_once_is_stored_once_and_merged(
+async def test_identical_content_of_one_user_over_several_stream_batches_is_stored_once_and_merged(
         writer: Settings) -> None:
-    """Batches run in two lanes at once (MNEMESH_MEMORY_BATCH_LANES=2); a user's commands are all in one lane, so
-    the same content written by one user in several batches read back to back is one memory, merged, never
-    two rows inserted by two concurrent transactions."""
-    assert writer.memory_batch_lanes == 2
+    """The same content written by one user in several batches read back to back is one memory, merged."""
     client = redis.asyncio.from_url(writer.redis_url)
     stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
     users, rounds = [f"u{i}" for i in range(8)], 6

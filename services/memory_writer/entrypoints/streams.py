@@ -23,14 +23,9 @@ from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_access", "on_write_batch", "scrub_command", "scrubber", "user_of"]
+__all__ = ["on_access", "on_write_batch", "scrub_command", "scrubber"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
-
-
-def user_of(envelope: Envelope) -> str:
-    """A write command's partition key: its user (a command that does not parse raises; it fails in the handler)."""
-    return envelope.message().tenant.user_id
 
 
 def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: WritePolicy = DEFAULT_POLICY):

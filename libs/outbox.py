@@ -76,7 +76,7 @@ class Outbox:
 class OutboxRelay:
     """Publishes a service's outbox while it leads; several replicas may run, one leads."""
 
-    def __init__(self, outbox: Outbox, bus: EventBus, *, poll_seconds: float = 0.5, batch: int = 100) -> None:
+    def __init__(self, outbox: Outbox, bus: EventBus, *, poll_seconds: float = 0.5, batch: int = 500) -> None:
         self.outbox, self.bus = outbox, bus
         self.poll_seconds, self.batch = poll_seconds, batch
         self.listening = asyncio.Event()

@@ -189,10 +189,13 @@ class BatchConsumer:
             by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
-        if done:
+        if done and self.delete_handled:  # both in one round trip
+            pipe = redis.pipeline(transaction=False)
+            pipe.xack(self.key, self.group, *done)
+            pipe.xdel(self.key, *done)
+            await pipe.execute()
+        elif done:
             await redis.xack(self.key, self.group, *done)
-            if self.delete_handled:
-                await redis.xdel(self.key, *done)
 
     async def _handle_tenant(self, tenant_id: str, entries: list[_Entry]) -> list[str]:
         """Run the handler for one tenant's entries; return the entry ids to acknowledge."""

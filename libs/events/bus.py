@@ -22,6 +22,7 @@ keeps failing. Nothing kills the consumer.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -34,9 +35,10 @@ from typing import Any
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
 from opentelemetry import metrics
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from libs.errors import DomainError
 from libs.events.envelope import CREDENTIAL_FIELD, Envelope, MalformedEvent
@@ -182,27 +184,47 @@ class EventBus:
         if not items:
             return 0
         client = await self.redis()
-        with contextlib.ExitStack() as spans:  # one span per event, in the trace of the change it announces
-            pipe = client.pipeline(transaction=False)
-            for envelope, stream in items:
-                target = self.stream_name(stream)
+        by_target: dict[str, list[Envelope]] = {}
+        for envelope, stream in items:
+            by_target.setdefault(self.stream_name(stream), []).append(envelope)
+        # One span per target stream and batch, linked to the trace of each event it carries (the
+        # OpenTelemetry messaging conventions for batch publishing), not a span per event.
+        with contextlib.ExitStack() as spans:
+            for target, envelopes in by_target.items():
                 span = spans.enter_context(tracer().start_span(
-                    f"publish {target}", kind=SpanKind.PRODUCER, context=extract({"traceparent": envelope.traceparent})))
+                    f"publish {target}", kind=SpanKind.PRODUCER,
+                    links=[Link(ctx) for e in envelopes if (ctx := _span_context(e.traceparent)) is not None]))
                 span.set_attributes({"messaging.system": "redis", "messaging.destination.name": target,
-                                     "mnemesh.event_type": envelope.event_type, "mnemesh.event_id": envelope.event_id,
-                                     "messaging.batch.message_count": len(items)})
-                flat = [item for pair in envelope.to_fields().items() for item in pair]
-                pipe.eval(_FENCED_XADD, 2, target, fence[0], fence[1], *flat)
-            results = await pipe.execute(raise_on_error=False)
-        sent = 0
-        for (_, stream), result in zip(items, results, strict=True):
-            if isinstance(result, Exception):
-                if "FENCED" in str(result):
-                    break
-                raise result
-            sent += 1
+                                     "messaging.batch.message_count": len(envelopes)})
+            sent = await self._fenced_xadds(client, items, fence)
+        for _, stream in items[:sent]:
             self._published.add(1, {"stream": self.stream_name(stream)})
             self._streams.add(self.stream_name(stream))
+        return sent
+
+    async def _fenced_xadds(self, client: Redis, items: list[tuple[Envelope, str]], fence: tuple[str, int]) -> int:
+        """The pipeline of fenced XADDs by the script's digest (EVALSHA: not its text per event); a Redis
+        that lost its scripts (restarted, SCRIPT FLUSH) gets the script again and the rest is sent again."""
+        script = _FENCED_XADD
+        digest = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by their SHA-1
+        sent = 0
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            for envelope, stream in items[sent:]:
+                flat = [item for pair in envelope.to_fields().items() for item in pair]
+                pipe.evalsha(digest, 2, self.stream_name(stream), fence[0], fence[1], *flat)
+            results = await pipe.execute(raise_on_error=False)
+            for result in results:
+                if isinstance(result, Exception):
+                    if "FENCED" in str(result):
+                        return sent
+                    if isinstance(result, NoScriptError) and attempt == 0:
+                        break
+                    raise result
+                sent += 1
+            else:
+                return sent
+            await client.script_load(script)
         return sent
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:
@@ -370,3 +392,10 @@ class EventBus:
         await (await self.redis()).xadd(dead_letter_stream(stream), dead)
         self._handled.add(1, {"stream": stream, "group": group, "outcome": "dead_letter"})
         log.warning("event dead-lettered", stream=stream, group=group, entry_id=entry_id, **reason)
+
+
+def _span_context(traceparent: str):
+    if not traceparent:
+        return None
+    ctx = trace.get_current_span(extract({"traceparent": traceparent})).get_span_context()
+    return ctx if ctx.is_valid else None

@@ -396,3 +396,34 @@ async def test_a_stream_command_with_a_nul_byte_is_dead_lettered_at_once_naming_
     assert reason["field"].endswith(field) and not reason["retryable"], reason
     assert int(dead[b"dead.deliveries"]) <= 1  # at once, not after the delivery limit
     assert await rows(writer, "SELECT 1 FROM memories") == []
+
+
+async def test_identical_content_of_one_user_over_several_stream_batches_is_stored_once_and_merged(
+        writer: Settings) -> None:
+    """The same content written by one user in several batches read back to back is one memory, merged."""
+    client = redis.asyncio.from_url(writer.redis_url)
+    stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
+    users, rounds = [f"u{i}" for i in range(8)], 6
+    try:
+        for r in range(rounds):  # each round lands in a read of its own (the writer reads every 50 ms at most)
+            pipe = client.pipeline(transaction=False)
+            for user in users:
+                tenant = common_pb2.TenantContext(user_id=user, session_id="s1")
+                pipe.xadd(stream, command(writer, write("I drink green tea every morning", tenant=tenant,
+                                                        idempotency_key=f"{user}-same-{r}")))
+                pipe.xadd(stream, command(writer, write(f"{user} distinct fact {r}", tenant=tenant,
+                                                        idempotency_key=f"{user}-distinct-{r}")))
+            await pipe.execute()
+            await anyio.sleep(0.03)
+        with anyio.fail_after(60):
+            while len(await rows(writer, "SELECT 1 FROM processed_events")) < len(users) * rounds * 2 or \
+                    (await client.xpending(stream, "memory-writer"))["pending"]:
+                await anyio.sleep(0.05)
+    finally:
+        await client.aclose()
+    same = await rows(writer, "SELECT user_id, merged_count FROM memories WHERE content_digest IS NOT NULL"
+                              " AND idempotency_key LIKE '%-same-%'")
+    assert sorted(r["user_id"] for r in same) == sorted(users), "a user's identical content was inserted twice"
+    assert {r["merged_count"] for r in same} == {rounds - 1}
+    distinct = await rows(writer, "SELECT count(*) AS n FROM memories WHERE idempotency_key LIKE '%-distinct-%'")
+    assert distinct[0]["n"] == len(users) * rounds

@@ -322,3 +322,28 @@ async def test_add_many_records_every_envelope_in_order_and_they_are_published_i
     assert [Envelope.from_fields({k.decode(): v.decode() for k, v in f.items()}).event_id for _, f in entries] == \
         [e.event_id for e in sent]
     await bus.stop()
+
+
+async def test_a_redis_that_does_not_know_the_fenced_script_gets_it_and_every_event_goes_out_once_in_order(
+        tables: Database, redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay publishes by the script's digest (EVALSHA); a Redis without the script (restarted, flushed)
+    answers NOSCRIPT, and the relay loads it and publishes the batch. Here the script text is new to Redis."""
+    from libs.events import bus as bus_module
+
+    monkeypatch.setattr(bus_module, "_FENCED_XADD", bus_module._FENCED_XADD + f"\n-- {unique}\n")
+    outbox, bus = Outbox(tables), EventBus(redis_url, consumer_name="relay")
+    stream = f"{unique}.noscript"
+    sent = [envelope(f"m{i}") for i in range(7)]
+    async with tables.transaction("t1") as conn:
+        await outbox.add_many(conn, sent, stream=stream)
+    client = await bus.redis()
+    digest = __import__("hashlib").sha1(bus_module._FENCED_XADD.encode()).hexdigest()
+    assert await client.script_exists(digest) == [False]
+    async with relay_of(outbox, bus) as relay:
+        assert await relay.publish_pending() == 7
+        assert await relay.publish_pending() == 0
+    assert await client.script_exists(digest) == [True]
+    entries = await client.xrange(bus.stream_name(stream))
+    await bus.stop()
+    assert [Envelope.from_fields({k.decode(): v.decode() for k, v in f.items()}).event_id for _, f in entries] == \
+        [e.event_id for e in sent]

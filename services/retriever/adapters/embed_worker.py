@@ -20,9 +20,11 @@ tokenizer and forward pass run beside the pipeline instead of taking turns with 
 from __future__ import annotations
 
 import json
+from collections import deque
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import struct
 import subprocess
@@ -60,13 +62,22 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
         conn.send_bytes(_FAILED + f"{type(exc).__name__}: {exc}".encode())
         return
     conn.send_bytes(_OK + json.dumps({"name": model.name, "dim": model.dim, "batch": model.batch}).encode())
-    while True:
-        try:
-            request = conn.recv_bytes()
-        except (EOFError, OSError):  # the parent closed its end or died: nobody is waiting for vectors
-            return
-        if not request:  # an orderly stop
-            return
+    # A reader thread drains the requests while the model runs, so a parent sending its next batch
+    # never blocks on a full pipe while this process blocks sending an answer (no deadlock, any sizes).
+    requests: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                request = conn.recv_bytes()
+            except (EOFError, OSError):  # the parent closed its end or died: nobody waits for vectors
+                request = b""
+            requests.put(request)
+            if not request:
+                return
+
+    threading.Thread(target=read, name="requests", daemon=True).start()
+    while request := requests.get():  # empty: an orderly stop, or the parent is gone
         started = time.perf_counter()
         try:
             vectors = np.ascontiguousarray(model.embed(json.loads(request)), dtype=np.float32)
@@ -103,7 +114,10 @@ class ProcessEmbedder:
     def __init__(self, factory: str, kwargs: dict | None = None) -> None:
         self.factory, self.kwargs = factory, dict(kwargs or {})
         self.model_seconds = 0.0  # the model's own time over every batch (without the pipe)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the pipe and the batches in flight
+        self._calls = threading.Lock()  # one embed() at a time (submit then collect)
+        self._inflight: deque[tuple[int, int]] = deque()  # (worker generation, texts) per batch sent
+        self._generation = 0
         self._process = None
         self._conn = None
         self._start()
@@ -145,32 +159,54 @@ class ProcessEmbedder:
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """The texts' vectors (float32 values; lists, what the engine builds its points from fastest: measured
-        with qdrant-edge 0.9, a point from a list of floats in 8 µs, from a float32 array row in 27). Raises EmbedderWorkerError (the model refused this
-        batch) or EmbedderWorkerDied (the worker ended meanwhile; the next call starts a new one)."""
+        with qdrant-edge 0.9, a point from a list of floats in 8 µs, from a float32 array row in 27). Raises
+        EmbedderWorkerError (the model refused this batch) or EmbedderWorkerDied (the worker ended
+        meanwhile; the next call starts a new one)."""
         if not texts:
             return []
+        with self._calls:
+            self.submit(texts)
+            return self.collect()
+
+    def submit(self, texts: list[str]) -> None:
+        """Send a batch; its answer is read by `collect`, answers in the order sent. The batching thread
+        sends the next batch before collecting the running one, so the model never waits for it."""
         with self._lock:
             if self._conn is None:
                 self._start()
             try:
                 self._conn.send_bytes(json.dumps(list(texts), ensure_ascii=False).encode())
+            except OSError as exc:
+                self._discard()
+                raise EmbedderWorkerDied(f"the embedder worker ended before a batch of {len(texts)} texts: "
+                                         f"{type(exc).__name__}") from None
+            self._inflight.append((self._generation, len(texts)))
+
+    def collect(self) -> list[list[float]]:
+        """The vectors of the oldest batch sent and not collected yet."""
+        with self._lock:
+            generation, n = self._inflight.popleft()
+            if generation != self._generation:
+                raise EmbedderWorkerDied(f"the embedder worker ended with a batch of {n} texts in flight")
+            try:
                 answer = self._conn.recv_bytes()
             except (EOFError, OSError) as exc:
                 self._discard()
-                raise EmbedderWorkerDied(f"the embedder worker ended during a batch of {len(texts)} texts: "
+                raise EmbedderWorkerDied(f"the embedder worker ended during a batch of {n} texts: "
                                          f"{type(exc).__name__}") from None
         if answer[:1] != _OK:
             raise EmbedderWorkerError(answer[1:].decode(errors="replace"))
         (seconds,) = _HEADER.unpack_from(answer, 1)
         self.model_seconds += seconds
         vectors = np.frombuffer(answer, dtype=np.float32, offset=1 + _HEADER.size)
-        if vectors.size != len(texts) * self.dim:
-            raise EmbedderWorkerError(f"the embedder worker returned {vectors.size} floats for {len(texts)} "
+        if vectors.size != n * self.dim:
+            raise EmbedderWorkerError(f"the embedder worker returned {vectors.size} floats for {n} "
                                       f"texts of {self.dim} dimensions")
-        return vectors.reshape(len(texts), self.dim).tolist()
+        return vectors.reshape(n, self.dim).tolist()
 
     def _discard(self) -> None:
-        """Forget a dead worker (reaped), so that the next call starts another."""
+        """Forget a dead worker (reaped), so that the next call starts another; the batches in flight fail."""
+        self._generation += 1
         if self._conn is not None:
             self._conn.close()
         if self._process is not None:

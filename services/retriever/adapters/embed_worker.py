@@ -109,7 +109,9 @@ class ProcessEmbedder:
     """An embedder whose model runs in a child process; `embed` blocks (call it off the event loop).
 
     `factory` is "module:callable" returning the model (an object with name, dim, batch, embed), built in
-    the child with `kwargs`. One batch in flight at a time (the model runs one forward pass at a time)."""
+    the child with `kwargs`. The model runs one batch at a time; batches are answered in the order sent.
+    `submit`/`collect` are for one thread (the batching thread, which keeps one batch queued behind the one
+    running); `embed` (both at once) may be called from any thread."""
 
     def __init__(self, factory: str, kwargs: dict | None = None) -> None:
         self.factory, self.kwargs = factory, dict(kwargs or {})

@@ -111,7 +111,8 @@ class ProcessEmbedder:
     `factory` is "module:callable" returning the model (an object with name, dim, batch, embed), built in
     the child with `kwargs`. The model runs one batch at a time; batches are answered in the order sent.
     `submit`/`collect` are for one thread (the batching thread, which keeps one batch queued behind the one
-    running); `embed` (both at once) may be called from any thread."""
+    running); `embed` (both at once) from any thread, but not while that thread has batches in flight: an
+    answer goes to whoever collects next."""
 
     def __init__(self, factory: str, kwargs: dict | None = None) -> None:
         self.factory, self.kwargs = factory, dict(kwargs or {})

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     embeddings_api_key: SecretStr = SecretStr("")
     embeddings_dim: int = Field(0, ge=0, description="0: learnt from the endpoint's first answer")
     embedder_threads: int = Field(1, ge=0, le=64, description="threads per forward pass; 0: up to 4 cores")
+    # Where a local model runs: "process" (a worker process of its own: no interpreter lock shared with the
+    # pipeline) or "thread" (in the service process). README, retriever benchmark, has the measurements.
+    embedder_runner: Literal["thread", "process"] = "process"
     index_optimize_seconds: float = Field(30.0, gt=0, description="embedded Qdrant: segment optimizer period")
     bm25_avg_len: float = Field(16.0, gt=0, description="BM25 length normalisation: terms in a typical memory")
     embedded_redis_port: int = Field(16379, ge=1, le=65535)

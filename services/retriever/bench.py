@@ -127,7 +127,15 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
     tmp = tempfile.TemporaryDirectory(prefix="mnemesh-bench-")
     index = EdgeVectorIndex(Path(tmp.name) / "memories", dim=embedder.dim, hnsw_m=settings.hnsw_m,
                             hnsw_ef_construct=settings.hnsw_ef_construct)
-    timed = _Timed(embedder)
+    # The pipeline's model: this one (runner "thread"), or a second copy in a worker process (runner
+    # "process", MNEMESH_EMBEDDER_RUNNER); the raw figure is always this process's model called directly.
+    runner = settings.embedder_runner
+    worker = None
+    if runner == "process":
+        worker = await asyncio.to_thread(open_embedder, settings.embedder, threads=settings.embedder_threads,
+                                         runner="process")
+    timed = _Timed(worker or embedder)
+    _say(f"pipeline model: {runner} runner, {settings.embedder_threads or 'up to 4'} thread(s) per forward pass")
     retrieval = Retrieval(index, BatchingEmbedder(timed, max_batch=best_batch), Bm25(avg_len=settings.bm25_avg_len))
     await asyncio.to_thread(retrieval.bm25.load)  # as the service does at start-up
     store = PostgresDocuments(db)
@@ -143,6 +151,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
                              created_at=now - timedelta(minutes=i), expires_at=None) for i, t in enumerate(texts)]
             projectors = [Projector(store, retrieval, notifier.mark, notifier.wait) for _ in range(PROJECTORS)]
             timed.seconds, timed.texts = 0.0, 0
+            worker_seconds = worker.model_seconds if worker is not None else 0.0
             started = time.perf_counter()
             running = [asyncio.create_task(p.run()) for p in projectors]  # as in the service: woken by commits
             for i in range(0, len(docs), RECORD_BATCH):
@@ -161,7 +170,9 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
             await asyncio.gather(*running, return_exceptions=True)
             load_s = time.perf_counter() - started
             index_rate = len(docs) / load_s
-            model_busy, model_ms = timed.seconds / load_s, 1000 * timed.seconds / max(timed.texts, 1)
+            # in a worker process, the model's own time (the calls' time less the pipe's)
+            model_s = worker.model_seconds - worker_seconds if worker is not None else timed.seconds
+            model_busy, model_ms = model_s / load_s, 1000 * model_s / max(timed.texts, 1)
             # The model alone again, right after the load: on a shared machine its speed drifts, so the
             # pipeline is compared with the mean of the model's speed just before and just after it.
             raw_after = await raw_rate(best_batch)
@@ -193,7 +204,7 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
             runs.append({"memories": size, "index_texts_per_s": round(index_rate, 1), "optimize_s": round(optimize_s, 1),
                          "raw_embed_texts_per_s": round(raw_window, 1),
                          "index_ratio": round(index_rate / raw_window, 3),
-                         "model_busy": round(model_busy, 3), "model_ms_per_text_in_load": round(model_ms, 3),
+                         "runner": runner, "model_busy": round(model_busy, 3), "model_ms_per_text_in_load": round(model_ms, 3),
                          "raw_ms_per_text": round(1000 / raw_window, 3),
                          "raw_engine": _stats(engine), "search": _stats(handler),
                          "search_with_embedding": _stats(embedded)})
@@ -204,6 +215,8 @@ async def bench_search(settings: Settings, repetitions: int, warmup: int, memori
         visibility = await _visibility(settings, db, retrieval, rate, writes, notifier)
         _say(f"visibility at {rate:.0f} writes/s: p50 {visibility['p50_ms']} ms, p95 {visibility['p95_ms']} ms")
     finally:
+        if worker is not None:
+            await asyncio.to_thread(worker.close)
         await notifier.close()
         await asyncio.to_thread(index.close)
         tmp.cleanup()

@@ -35,7 +35,9 @@ async def bootstrap(ctx: ServiceContext) -> None:
     embedder = await asyncio.to_thread(
         open_embedder, s.embedder, url=s.embeddings_url, model=s.embeddings_model,
         api_key=s.embeddings_api_key.get_secret_value(), dim=s.embeddings_dim,
-        threads=s.embedder_threads)
+        threads=s.embedder_threads, runner=s.embedder_runner)
+    if hasattr(embedder, "close"):  # a worker process: stopped with the service
+        ctx.closers.append(lambda: asyncio.to_thread(embedder.close))
     index = await asyncio.to_thread(open_vector_index, s.qdrant_url, s.data_dir, dim=embedder.dim, hnsw_m=s.hnsw_m,
                                     hnsw_ef_construct=s.hnsw_ef_construct)
     ctx.closers.append(lambda: asyncio.to_thread(index.close))

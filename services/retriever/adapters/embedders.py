@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["EMBEDDERS", "HashEmbedder", "MiniLmEmbedder", "OpenAIEmbedder", "UseEmbedder", "open_embedder"]
+__all__ = ["EMBEDDERS", "RUNNERS", "HashEmbedder", "MiniLmEmbedder", "OpenAIEmbedder", "UseEmbedder", "open_embedder"]
 
 # One forward pass at a time per model. Threads per pass: 1 by default (MNEMESH_EMBEDDER_THREADS): the
 # service shares its cores with PostgreSQL, Redis, Qdrant and its event loop, and BLAS threads that spin
@@ -130,11 +130,23 @@ class HashEmbedder:
 
 
 EMBEDDERS = ("use-multilingual", "minilm", "openai", "hash")
+RUNNERS = ("thread", "process")
+_IN_PROCESS = {"use-multilingual": "UseEmbedder", "minilm": "MiniLmEmbedder", "hash": "HashEmbedder"}
 
 
 def open_embedder(name: str, *, url: str | None = None, model: str = "", api_key: str = "", dim: int = 0,
-                  threads: int = 1):
-    """Load the configured embedder (blocking: a few seconds for a local model; call it off the event loop)."""
+                  threads: int = 1, runner: str = "thread"):
+    """Load the configured embedder (blocking: a few seconds for a local model; call it off the event loop).
+
+    `runner`: "thread" loads the model here (the batching thread calls it); "process" loads it in a worker
+    process (embed_worker.py; close() it). The OpenAI endpoint always runs here: it waits on the network."""
+    if runner not in RUNNERS:
+        raise ValueError(f"unknown embedder runner {runner!r}: choose one of {', '.join(RUNNERS)}")
+    if runner == "process" and name in _IN_PROCESS:
+        from services.retriever.adapters.embed_worker import ProcessEmbedder
+
+        kwargs = {"dim": dim or 256} if name == "hash" else {"threads": threads}
+        return ProcessEmbedder(f"{__name__}:{_IN_PROCESS[name]}", kwargs)
     if name == "use-multilingual":
         return UseEmbedder(threads)
     if name == "minilm":

@@ -65,10 +65,12 @@ class BatchingEmbedder:
             else:
                 self._ready.notify()
 
-    def _take(self) -> list[_Item] | None:
-        """The next batch (None: idle long enough, the thread ends)."""
+    def _take(self, wait: bool = True) -> list[_Item] | None:
+        """The next batch (None: idle long enough, the thread ends; []: nothing now and `wait` is false)."""
         with self._ready:
             if not self._pending:
+                if not wait:
+                    return []
                 self._ready.wait(self.idle_seconds)
             if not self._pending:
                 self._thread = None
@@ -76,22 +78,53 @@ class BatchingEmbedder:
             return [self._pending.popleft() for _ in range(min(self.max_batch, len(self._pending)))]
 
     def _work(self) -> None:
+        if hasattr(self.embedder, "submit"):
+            return self._work_pipelined()
         while (batch := self._take()) is not None:
             live = [item for item in batch if not item[1].done()]  # a cancelled caller's texts are skipped
             if not live:
                 continue
             try:
-                vectors = self.embedder.embed([t for t, _, _ in live])
-                if len(vectors) != len(live):
-                    raise RuntimeError(f"embedder {self.name} returned {len(vectors)} vectors for {len(live)} texts")
-                results = [(future, vector, None) for (_, future, _), vector in zip(live, vectors, strict=True)]
+                self._hand(live, self.embedder.embed([t for t, _, _ in live]), None)
             except Exception as exc:  # noqa: BLE001 - handed to every caller of this batch, who decides
-                results = [(future, None, exc) for _, future, _ in live]
-            by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-            for (_, _, loop), result in zip(live, results, strict=True):
-                by_loop.setdefault(loop, []).append(result)
-            for loop, results in by_loop.items():
+                self._hand(live, None, exc)
+
+    def _work_pipelined(self) -> None:
+        """A model in another process (embed_worker.py): the next batch is sent before the answer to the
+        one running is read, so the model finds it waiting when it finishes instead of waiting for this
+        thread to get the interpreter lock, read the answer and send the next one."""
+        inflight: deque[list[_Item]] = deque()
+        while True:
+            batch = self._take(wait=not inflight)
+            if batch is None:
+                return
+            live = [item for item in batch if not item[1].done()]
+            if live:
                 try:
-                    loop.call_soon_threadsafe(_settle, results)
-                except RuntimeError:  # that loop is closed: nobody awaits these vectors any more
-                    pass
+                    self.embedder.submit([t for t, _, _ in live])
+                    inflight.append(live)
+                except Exception as exc:  # noqa: BLE001 - this batch's callers get it
+                    self._hand(live, None, exc)
+            if inflight and (len(inflight) > 1 or not batch):  # one batch queued behind the running one
+                done = inflight.popleft()
+                try:
+                    self._hand(done, self.embedder.collect(), None)
+                except Exception as exc:  # noqa: BLE001 - handed to every caller of this batch, who decides
+                    self._hand(done, None, exc)
+
+    def _hand(self, live: list[_Item], vectors, error: BaseException | None) -> None:
+        """Each caller's vector (or the batch's error), settled on the caller's own loop."""
+        if error is None and len(vectors) != len(live):
+            error = RuntimeError(f"embedder {self.name} returned {len(vectors)} vectors for {len(live)} texts")
+        if error is None:
+            results = [(future, vector, None) for (_, future, _), vector in zip(live, vectors, strict=True)]
+        else:
+            results = [(future, None, error) for _, future, _ in live]
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for (_, _, loop), result in zip(live, results, strict=True):
+            by_loop.setdefault(loop, []).append(result)
+        for loop, results in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, results)
+            except RuntimeError:  # that loop is closed: nobody awaits these vectors any more
+                pass

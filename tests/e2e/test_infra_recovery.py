@@ -21,7 +21,7 @@ from test_mesh import Mesh, descendants_of
 
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]  # a loaded boot may take 240 s
 RECOVERY_SECONDS = 30  # from the kill until writes are acknowledged again
 
 

@@ -27,7 +27,7 @@ from libs.config import SERVICES, load_settings
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc, tools_pb2, tools_pb2_grpc
 from mnemesh.infra import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]  # a loaded boot may take 240 s
 BOOT_TIMEOUT = 240
 
 

@@ -39,7 +39,7 @@ from services.orchestrator.adapters.a2a_client import A2AAgents
 from services.orchestrator.adapters.grpc_ports import GrpcToolGateway
 from services.orchestrator.adapters.rules_file import DEFAULT_RULES
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]  # a loaded boot may take 240 s
 TENANT = "acme"
 USER = "u-flow"
 

@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -99,17 +100,24 @@ def mesh(tmp_path_factory) -> Iterator[Mesh]:
         env[f"MNEMESH_{name.upper().replace('-', '_')}_GRPC_PORT"] = str(free_port())
     settings_ = load_settings(**{k.removeprefix("MNEMESH_").lower(): v for k, v in env.items()
                                  if k.startswith("MNEMESH_") and k.endswith("_GRPC_PORT")}, jwt_secret=SECRET)
+    logs = Path(env["MNEMESH_DATA_DIR"])
+    outputs = {name: (logs / f"{name}.log").open("wb") for name in SERVICES}
     processes = {name: subprocess.Popen([sys.executable, "-m", "mnemesh", "serve", name], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=outputs[name])
                  for name in SERVICES}
     mesh_ = Mesh(settings_, processes)
     try:
         for name in SERVICES:
             with grpc.insecure_channel(mesh_.address(name)) as ch:
-                for reply in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=90,
-                                                                  wait_for_ready=True):
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
+                try:
+                    for reply in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=90,
+                                                                      wait_for_ready=True):
+                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                            break
+                except grpc.RpcError as exc:  # say which service did not come up, and what it logged
+                    tail = (logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                    pytest.fail(f"{name} is not serving ({exc.code()}; exit code {processes[name].poll()});"
+                                f" its log ends with:\n{tail}", pytrace=False)
         yield mesh_
     finally:
         for process in processes.values():
@@ -120,6 +128,8 @@ def mesh(tmp_path_factory) -> Iterator[Mesh]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for output in outputs.values():
+            output.close()
         client = redis.from_url(redis_url)
         keys = list(client.scan_iter(match=f"{namespace}.*"))
         if keys:

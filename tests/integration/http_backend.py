@@ -77,26 +77,33 @@ def app_for(state: HttpBackend) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def http_backend() -> AsyncIterator[HttpBackend]:
-    state = HttpBackend(free_port())
-    task = asyncio.create_task(serve_asgi(app_for(state), host="127.0.0.1", port=state.port,
-                                          port_setting="test backend"))
+async def serving(app, state, probe: str, name: str, method: str = "GET") -> AsyncIterator[None]:
+    """Serve `app` on `state.port` until the block ends, once `probe` answers; `state.calls` starts empty and
+    `state.release` is set at the end (so handlers holding a call let go)."""
+    task = asyncio.create_task(serve_asgi(app, host="127.0.0.1", port=state.port, port_setting=name))
     async with httpx2.AsyncClient(timeout=2) as http:
         with anyio.fail_after(20):
             while True:
                 try:
-                    await http.get(state.url("/big"))
+                    await http.request(method, state.url(probe), json={} if method == "POST" else None)
                     break
                 except httpx2.TransportError:
                     await anyio.sleep(0.05)
     state.calls.clear()
     try:
-        yield state
+        yield
     finally:
         state.release.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def http_backend() -> AsyncIterator[HttpBackend]:
+    state = HttpBackend(free_port())
+    async with serving(app_for(state), state, "/big", "test backend"):
+        yield state
 
 
 def openapi_document(base_url: str) -> dict:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import anyio
 import grpc
-import httpx2
 import mcp_types as types
 import pytest
 import redis.asyncio
@@ -26,13 +25,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from http_backend import serving
 from mnemesh.supervisor import check_health
 from test_gateway_replicas import gateway_process
 from test_gateway_stdio import settings_env
 from test_mcp import Gateway, gateway_settings, mcp_client, register
 
 from libs.auth import issue_token
-from libs.http import serve_asgi
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel, error_detail
 from mnemesh.infra import free_port
@@ -98,24 +97,8 @@ def booking_app(state: Booking) -> Starlette:
 @pytest.fixture
 async def booking() -> AsyncIterator[Booking]:
     state = Booking(free_port())
-    task = asyncio.create_task(serve_asgi(booking_app(state), host="127.0.0.1", port=state.port,
-                                          port_setting="booking backend"))
-    async with httpx2.AsyncClient(timeout=2) as http:
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    await http.post(state.url("/hold"), json={})
-                    break
-                except httpx2.TransportError:
-                    await anyio.sleep(0.05)
-    state.calls.clear()
-    try:
+    async with serving(booking_app(state), state, "/hold", "booking backend", method="POST"):
         yield state
-    finally:
-        state.release.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def register_booking(gw: Gateway, b: Booking, **pay_fields) -> None:

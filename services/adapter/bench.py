@@ -1,10 +1,11 @@
 """`mnemesh bench adapter`: calls to the test SOAP service, directly with zeep vs through the adapter's Invoke.
 
 Same run, same concurrency (8 callers), the same operation (get_customer: a nested, recursive
-response), the spyne server in a process of its own, both paths on a pooled httpx client (64
-connections). Direct: zeep's AsyncClient on httpx. Adapter (the summary's figure): gRPC Invoke of
+response), the spyne server in a process of its own, both paths on a pooled HTTP client (64
+connections). Direct: zeep's AsyncClient on its httpx transport. Adapter (the summary's figure): gRPC Invoke of
 an adapter served in the bench's own process (argument validation, envelope, HTTP, parsing, JSON
-conversion, protobuf Struct both ways), so the callers' side of gRPC shares its one core.
+conversion, protobuf Struct both ways, on the adapter's aiohttp session), so the callers' side of
+gRPC shares its one core.
 Adapter process: the same adapter in a process of its own, as deployed (`bench_server.py`),
 printed beside the summary under `adapter_process`. Handlers: the adapter's call path without gRPC
 (validation, envelope, HTTP, parsing, JSON), in this process, for the breakdown. The CPU each path
@@ -175,7 +176,7 @@ async def bench_adapter(settings: Settings, repetitions: int, warmup: int) -> li
     try:
         async with serve_adapter(wsdl_url) as (bridge, port, imports), _adapter_process(wsdl_url) as (own_port, pid):
             cpu = _Cpu({"soap_server": process.pid, "adapter_process": pid})
-            # zeep's own async client on the same kind of pooled httpx client as the adapter's.
+            # zeep's own async client, on its httpx transport with a pool as large as the adapter's.
             transport = AsyncTransport(client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)))
             direct = AsyncClient(wsdl_url, transport=transport)
             request = tools_pb2.InvokeRequest(backend_id="billing0", operation="get_customer")

@@ -3,7 +3,7 @@
     python -m services.adapter.bench_server WSDL_URL   ->  prints "PORT <n>" once serving, stops at stdin EOF
 
 Either way it is the product's call path: gRPC server with the call pipeline, the Adapter servicer,
-the handlers, a SoapLoader on a shared httpx client; only the store and the gateway registry are
+the handlers, a SoapLoader on the shared HTTP session (`SoapHttp`); only the store and the gateway registry are
 in memory (nothing to persist or register in a benchmark). Backends billing0..billing4 import the
 WSDL (five imports time `import_ms_per_operation`).
 """
@@ -16,8 +16,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-import httpx
 
 __all__ = ["CONCURRENCY", "serve_adapter"]
 
@@ -55,12 +53,14 @@ async def serve_adapter(wsdl_url: str) -> AsyncIterator[tuple[object, int, list[
     from libs.rpc import GrpcServer
     from mnemesh.infra import free_port
     from services.adapter.adapters.soap_backend import SoapLoader
+    from services.adapter.adapters.soap_http import SoapHttp
     from services.adapter.domain.commands import ImportWsdl
     from services.adapter.entrypoints import grpc_api
     from services.adapter.service_layer import handlers
     from services.adapter.service_layer.handlers import Bridge
 
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as http:
+    http = SoapHttp(max_connections=64)
+    try:
         bridge = Bridge(_Store(), SoapLoader(http, credentials={}, wsdl_dir=Path("."), concurrency=CONCURRENCY),
                         _NoGateway())
         port = free_port()
@@ -75,6 +75,8 @@ async def serve_adapter(wsdl_url: str) -> AsyncIterator[tuple[object, int, list[
             yield bridge, port, imports
         finally:
             await server.stop(0)
+    finally:
+        await http.aclose()
 
 
 async def _main(wsdl_url: str) -> None:

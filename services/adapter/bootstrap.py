@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
-
 from libs.auth import service_token
 from libs.config import ConfigError, Settings
 from libs.errors import DomainError, Unimplemented, ValidationFailed
@@ -15,6 +13,7 @@ from libs.runtime import ServiceContext
 from services.adapter.adapters.gateway import GatewayRegistry
 from services.adapter.adapters.postgres import PostgresBackendStore
 from services.adapter.adapters.soap_backend import SoapLoader, parse_credentials
+from services.adapter.adapters.soap_http import SoapHttp
 from services.adapter.domain.backends import Backend, parse_backends
 from services.adapter.domain.com_config import ComObject, parse_com_objects
 from services.adapter.domain.commands import ImportWsdl
@@ -69,7 +68,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
         raise ConfigError(f"{exc.field}: {exc.reason} ({exc.hint})") from None
     except OSError as exc:
         raise ConfigError(f"MNEMESH_ADAPTER_COM_FILE cannot be read: {exc}") from None
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    http = SoapHttp(max_connections=256)
     ctx.closers.append(http.aclose)
     loader = SoapLoader(http, credentials=credentials, wsdl_dir=Path(settings.adapter_wsdl_dir or
                                                                       settings.data_dir / "wsdl"),

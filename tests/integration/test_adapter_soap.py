@@ -8,25 +8,31 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
-import httpx
 import pytest
 from google.protobuf import json_format
+from soap_fixture import soap_server
 
 from libs.db import Database, apply_migrations, load_migrations
 from libs.errors import DeadlineExceeded, Unauthenticated, Unavailable, ValidationFailed
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import GrpcServer, channel
 from mnemesh.infra import free_port
+from services.adapter.adapters.gateway import tool_specs
 from services.adapter.adapters.postgres import PostgresBackendStore
 from services.adapter.adapters.soap_backend import SoapLoader
 from services.adapter.adapters.soap_call import Credentials
-from services.adapter.domain.commands import DropBackend, ImportOptions, ImportWsdl, InvokeOperation, OperationPolicy
+from services.adapter.adapters.soap_http import SoapHttp
+from services.adapter.domain.commands import (
+    DropBackend,
+    ImportOptions,
+    ImportWsdl,
+    InvokeOperation,
+    OperationPolicy,
+)
 from services.adapter.domain.errors import BackendFault, BadResponse
 from services.adapter.entrypoints import grpc_api
-from services.adapter.adapters.gateway import tool_specs
 from services.adapter.service_layer import handlers
 from services.adapter.service_layer.handlers import Bridge
-from soap_fixture import soap_server
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +64,10 @@ async def bridge(database_url: str, schema: str, db: Database, tmp_path) -> Asyn
                    "clerk_digest": Credentials("wsse_digest", "clerk", "s3cret"),
                    "clerk_text": Credentials("wsse_text", "clerk", "s3cret"),
                    "wrong": Credentials("wsse_text", "clerk", "nope")}
-    async with httpx.AsyncClient() as http:
-        yield Bridge(PostgresBackendStore(db), SoapLoader(http, credentials=credentials, wsdl_dir=tmp_path,
-                                                          concurrency=4), RecordingRegistry())
+    http = SoapHttp()
+    yield Bridge(PostgresBackendStore(db), SoapLoader(http, credentials=credentials, wsdl_dir=tmp_path,
+                                                      concurrency=4), RecordingRegistry())
+    await http.aclose()
 
 
 async def call(bridge: Bridge, operation: str, backend: str = "billing", **arguments) -> dict:
@@ -155,7 +162,8 @@ async def test_an_import_is_stored_and_reloaded_offline_by_another_process(
     first = await handlers.import_wsdl(ImportWsdl("billing", url=f"{soap_url}/soap11?wsdl"), bridge)
     again = await handlers.import_wsdl(ImportWsdl("billing", url=f"{soap_url}/soap11?wsdl"), bridge)
     assert again.catalog.revision == first.catalog.revision == 1  # same WSDL, same version
-    async with httpx.AsyncClient() as http:
+    http = SoapHttp()
+    try:
         other = Bridge(PostgresBackendStore(db), SoapLoader(http, credentials={}, wsdl_dir=tmp_path, concurrency=2),
                        RecordingRegistry())
         assert await handlers.restore(other) == []
@@ -163,6 +171,8 @@ async def test_an_import_is_stored_and_reloaded_offline_by_another_process(
         assert await call(other, "ping") == {"pingResult": "pong"}
         assert await handlers.register_all(other) == []
         assert {n for n, _ in other.registry.registered} == {t.name for t in first.catalog.tools}
+    finally:
+        await http.aclose()
     tools, error = await handlers.drop(DropBackend("billing"), bridge)
     assert sorted(tools) == sorted(t.name for t in first.catalog.tools) and error == ""
     assert await bridge.store.get("billing") is None

@@ -128,9 +128,8 @@ def test_a_wsdl_without_a_service_is_called_at_the_configured_address_through_a_
 
 
 async def test_soap_header_parts_are_the_optional_soapheaders_argument_and_reach_the_envelope() -> None:
-    import httpx
-
     from services.adapter.adapters.soap_call import SoapEndpoint
+    from services.adapter.adapters.soap_http import HttpReply
 
     loaded = load_wsdl(WsdlSource(path=str(WSDL / "wild" / "headers.wsdl")), "session", file_roots=(WSDL,))
     catalog, binding = build_catalog("session", loaded, revision=1)
@@ -140,22 +139,22 @@ async def test_soap_header_parts_are_the_optional_soapheaders_argument_and_reach
     check_schema(tool.input_schema)
     sent: list[bytes] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request.content)
-        return httpx.Response(200, content=b'<e:Envelope xmlns:e="http://schemas.xmlsoap.org/soap/envelope/"><e:Body>'
-                              b'<WhoamiResponse xmlns="urn:example:session"><user>ada</user></WhoamiResponse>'
-                              b'</e:Body></e:Envelope>', headers={"content-type": "text/xml"})
+    class Answer:  # the endpoint's HTTP port, answering every POST with one envelope
+        async def post(self, url, body, headers, *, auth, timeout) -> HttpReply:
+            sent.append(body)
+            return HttpReply(200, {"Content-Type": "text/xml"}, b'<e:Envelope xmlns:e="http://schemas.xmlsoap.org/'
+                             b'soap/envelope/"><e:Body><WhoamiResponse xmlns="urn:example:session"><user>ada</user>'
+                             b'</WhoamiResponse></e:Body></e:Envelope>', "utf-8")
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        endpoint = SoapEndpoint(catalog, binding, http=http, limits={}, concurrency=2)
-        result = await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"sessionId": "s-42"}}})
-        assert result == {"user": "ada"}
-        from lxml import etree
+    endpoint = SoapEndpoint(catalog, binding, http=Answer(), limits={}, concurrency=2)
+    result = await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"sessionId": "s-42"}}})
+    assert result == {"user": "ada"}
+    from lxml import etree
 
-        header = etree.fromstring(sent[0]).find("{http://schemas.xmlsoap.org/soap/envelope/}Header")
-        assert header.findtext("{urn:example:session}SessionHeader/{urn:example:session}sessionId") == "s-42"
-        await endpoint.invoke(tool, {"verbose": True})  # no header given: none sent
-        assert b"s-42" not in sent[1]
-        with pytest.raises(ValidationFailed) as err:
-            await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"token": "x"}}})
-        assert err.value.field.startswith("_soapheaders")
+    header = etree.fromstring(sent[0]).find("{http://schemas.xmlsoap.org/soap/envelope/}Header")
+    assert header.findtext("{urn:example:session}SessionHeader/{urn:example:session}sessionId") == "s-42"
+    await endpoint.invoke(tool, {"verbose": True})  # no header given: none sent
+    assert b"s-42" not in sent[1]
+    with pytest.raises(ValidationFailed) as err:
+        await endpoint.invoke(tool, {"_soapheaders": {"SessionHeader": {"token": "x"}}})
+    assert err.value.field.startswith("_soapheaders")

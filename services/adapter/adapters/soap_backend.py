@@ -8,12 +8,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from pydantic import SecretStr
 
 from libs.errors import NotFound, ValidationFailed
 from services.adapter.adapters.soap_call import CallPolicy, Credentials, SoapEndpoint
 from services.adapter.adapters.soap_catalog import build_catalog
+from services.adapter.adapters.soap_http import SoapHttp
 from services.adapter.adapters.wsdl_import import WsdlSource, load_wsdl
 from services.adapter.domain.catalog import Catalog, OperationTool
 from services.adapter.domain.commands import ImportWsdl
@@ -58,7 +58,7 @@ class SoapBackend:
 
 
 class SoapLoader:
-    def __init__(self, http: httpx.AsyncClient, *, credentials: dict[str, Credentials], wsdl_dir: Path,
+    def __init__(self, http: SoapHttp, *, credentials: dict[str, Credentials], wsdl_dir: Path,
                  concurrency: int) -> None:
         self.http, self.credentials, self.wsdl_dir, self.concurrency = http, credentials, wsdl_dir, concurrency
         self.limits: dict[str, asyncio.Semaphore] = {}

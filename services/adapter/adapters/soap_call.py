@@ -1,7 +1,7 @@
 """Call one operation of an imported SOAP port: JSON in, JSON out, structured errors, never blocking.
 
 zeep builds the envelope (its serializer knows document/rpc, literal/encoded, SOAP 1.1/1.2,
-WS-Addressing and WS-Security); the HTTP exchange is ours, on a shared httpx.AsyncClient, so
+WS-Addressing and WS-Security); the HTTP exchange is ours, on the shared `SoapHttp` session, so
 that deadlines, retries, basic auth and the per-endpoint concurrency limit are explicit.
 The response is parsed and faults are mapped here too, keeping the body exactly in the shape
 of the generated output schema (zeep's convenience unwrapping would not).
@@ -14,7 +14,6 @@ import base64
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import httpx
 from jsonschema.exceptions import best_match
 from lxml import etree
 from requests_toolbelt.multipart.decoder import MultipartDecoder
@@ -30,6 +29,7 @@ from zeep.xsd.types.complex import ComplexType
 
 from libs.errors import DeadlineExceeded, DomainError, Unavailable, ValidationFailed
 from libs.safe_schema import SafeValidator
+from services.adapter.adapters.soap_http import HttpReply, HttpTimeout, HttpUnreachable, SoapHttp
 from services.adapter.adapters.soap_values import body_arguments, header_arguments, to_json, xml_to_json
 from services.adapter.domain.catalog import Catalog, OperationTool
 from services.adapter.domain.errors import BadResponse, from_http_status, from_soap_fault
@@ -79,7 +79,7 @@ def _schema_error(validator: SafeValidator, arguments: dict) -> ValidationFailed
 class SoapEndpoint:
     """One imported port, ready to call. Shares the process' HTTP client and endpoint limits."""
 
-    def __init__(self, catalog: Catalog, binding, *, http: httpx.AsyncClient, limits: dict[str, asyncio.Semaphore],
+    def __init__(self, catalog: Catalog, binding, *, http: SoapHttp, limits: dict[str, asyncio.Semaphore],
                  concurrency: int, credentials: Credentials | None = None, address: str = "",
                  policies: dict[str, CallPolicy] | None = None, default_policy: CallPolicy = CallPolicy()) -> None:
         self.catalog, self.binding, self.http = catalog, binding, http
@@ -89,7 +89,7 @@ class SoapEndpoint:
         self._validators = {t.name: _validator(t.input_schema) for t in catalog.tools}
         self._limit = limits.setdefault(self.address, asyncio.Semaphore(concurrency))
         self._client = SimpleNamespace(wsse=self._wsse(), plugins=[], settings=Settings(strict=True))
-        self._auth = httpx.BasicAuth(credentials.username, credentials.password) \
+        self._auth = (credentials.username, credentials.password) \
             if credentials and credentials.kind == "basic" else None
 
     def _wsse(self):
@@ -123,22 +123,22 @@ class SoapEndpoint:
         response = await self._post(etree_to_string(envelope), headers, policy)
         return self._result(operation, tool, response)
 
-    async def _post(self, body: bytes, headers: dict, policy: CallPolicy) -> httpx.Response:
+    async def _post(self, body: bytes, headers: dict, policy: CallPolicy) -> HttpReply:
         attempt = 0
         while True:
             try:
                 async with self._limit:
-                    response = await self.http.post(self.address, content=body, headers=headers, auth=self._auth,
-                                                     timeout=policy.timeout_seconds)
-                if response.status_code in (502, 503, 504) and attempt < policy.retries:
-                    raise _Transient(from_http_status(response.status_code, self.address))
+                    response = await self.http.post(self.address, body, headers, auth=self._auth,
+                                                    timeout=policy.timeout_seconds)
+                if response.status in (502, 503, 504) and attempt < policy.retries:
+                    raise _Transient(from_http_status(response.status, self.address))
                 return response
-            except httpx.TimeoutException:
+            except HttpTimeout:
                 error: DomainError = DeadlineExceeded(
                     f"the endpoint {self.address} did not answer within {policy.timeout_seconds:g} s",
                     hint="retry later, or raise the operation's timeout_seconds if it is always slow")
-            except httpx.TransportError as exc:
-                error = Unavailable(f"cannot reach the endpoint {self.address}: {exc.__class__.__name__}",
+            except HttpUnreachable as exc:
+                error = Unavailable(f"cannot reach the endpoint {self.address}: {exc}",
                                     hint="retry later; operators: check that the backend is up")
             except _Transient as exc:
                 error = exc.error
@@ -147,37 +147,37 @@ class SoapEndpoint:
             attempt += 1
             await asyncio.sleep(policy.backoff_seconds * 2 ** (attempt - 1))  # exponential backoff
 
-    def _result(self, operation, tool: OperationTool, response: httpx.Response) -> dict:
+    def _result(self, operation, tool: OperationTool, response: HttpReply) -> dict:
         content, pack = response.content, None
         if get_media_type(response.headers.get("Content-Type", "text/xml")) == "multipart/related":
-            decoder = MultipartDecoder(content, response.headers["Content-Type"], response.encoding or "utf-8")
+            decoder = MultipartDecoder(content, response.headers["Content-Type"], response.encoding)
             content = decoder.parts[0].content
             pack = MessagePack(parts=decoder.parts[1:]) if len(decoder.parts) > 1 else None
         if not content.strip():
-            if response.status_code in (200, 202) and operation.output is None:
+            if response.status in (200, 202) and operation.output is None:
                 return {}
-            raise from_http_status(response.status_code, self.address) if response.status_code >= 400 else \
+            raise from_http_status(response.status, self.address) if response.status >= 400 else \
                 BadResponse(f"the endpoint {self.address} answered an empty body", hint="report it to the backend")
         try:
             doc = parse_xml(content, None, settings=self._client.settings)
         except ZeepError:
-            if response.status_code >= 400:
-                raise from_http_status(response.status_code, self.address, content[:200].decode(errors="replace")) \
+            if response.status >= 400:
+                raise from_http_status(response.status, self.address, content[:200].decode(errors="replace")) \
                     from None
-            raise BadResponse(f"the endpoint {self.address} answered HTTP {response.status_code} with a body that "
+            raise BadResponse(f"the endpoint {self.address} answered HTTP {response.status} with a body that "
                               "is not XML", hint="a proxy or error page may stand in front of the service") from None
         if pack is not None and process_xop(doc, pack):
             pack = None
         body = doc.find("soap-env:Body", namespaces=self.binding.nsmap)
         if body is None:
-            if response.status_code >= 400:
-                raise from_http_status(response.status_code, self.address)
+            if response.status >= 400:
+                raise from_http_status(response.status, self.address)
             raise BadResponse(f"the response of {self.address} is XML but not a SOAP {self.catalog.port.soap_version} "
                               "envelope", hint="check that the endpoint speaks the WSDL's SOAP version")
         if body.find("soap-env:Fault", namespaces=self.binding.nsmap) is not None:
-            raise self._fault(doc, operation, tool, response.status_code)
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, self.address)
+            raise self._fault(doc, operation, tool, response.status)
+        if response.status >= 400:
+            raise from_http_status(response.status, self.address)
         result = self._body(operation, body)
         if pack is not None:
             result["_attachments"] = [

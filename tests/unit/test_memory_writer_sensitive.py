@@ -1,0 +1,31 @@
+"""Content-based detection of passwords: the keyword is a word of its own, in English; any place in Chinese."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.memory_writer.domain.sensitive import find_sensitive
+
+
+@pytest.mark.parametrize(("content", "redacted"), [
+    ("my wifi password is hunter22", "my wifi password is [sensitive:password]"),
+    ("db_password=s3cr3t!", "db_password=[sensitive:password]"),
+    ("PWD: abc123", "PWD: [sensitive:password]"),
+    ("the passcode 9981", "the passcode [sensitive:password]"),
+    ("银行卡密码是654321", "银行卡密码是[sensitive:password]"),
+    ("登录口令为：qwe789", "登录口令为：[sensitive:password]"),
+])
+def test_a_password_after_its_keyword_is_found_and_redacted(content: str, redacted: str) -> None:
+    finding = find_sensitive("", content)
+    assert finding is not None and finding.kind == "password"
+    assert finding.redacted == redacted
+
+
+@pytest.mark.parametrize("content", [
+    "Load note tiupepwdxyzq",  # letters that happen to spell a keyword inside a word
+    "we moved to passwordless login last spring",
+    "the compwd module was renamed",
+    "passwords are rotated every 90 days",
+])
+def test_a_keyword_inside_another_word_finds_nothing(content: str) -> None:
+    assert find_sensitive("", content) is None

@@ -78,14 +78,15 @@ async def _process(*argv: str, env: dict[str, str] | None = None) -> AsyncIterat
                 await process.wait()
 
 
-def _cpu_seconds(process: asyncio.subprocess.Process) -> float:
-    """User + system CPU time of a child process so far (the machine's load does not inflate it)."""
-    times = psutil.Process(process.pid).cpu_times()
+def _cpu_seconds(process: asyncio.subprocess.Process | None) -> float:
+    """User + system CPU time of a child process (None: this one, the load generator) so far (the
+    machine's load does not inflate it)."""
+    times = psutil.Process(process.pid if process is not None else None).cpu_times()
     return times.user + times.system
 
 
 @contextlib.asynccontextmanager
-async def _cpu_per_call(calls: int, processes: dict[str, asyncio.subprocess.Process],
+async def _cpu_per_call(calls: int, processes: dict[str, asyncio.subprocess.Process | None],
                         into: dict[str, float]) -> AsyncIterator[None]:
     """CPU milliseconds per call that each process spent while the block ran."""
     before = {name: _cpu_seconds(p) for name, p in processes.items()}
@@ -159,7 +160,7 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.2)
-            both = {"upstream": upstream, "gateway": gateway}
+            both = {"client": None, "upstream": upstream, "gateway": gateway}
             # Warm-up calls are included in the CPU figures; they are a few percent of the calls.
             async with _cpu_per_call(total + warmup, both, cpu["direct"]):
                 direct = await _mcp_calls(upstream_url, "echo", "", total, warmup)

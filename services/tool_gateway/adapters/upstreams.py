@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from libs.errors import NotFound, Unavailable
+from libs.safe_schema import SafeValidator
 from libs.logs import get_logger
 from services.tool_gateway.adapters.http1 import Http1Pool
 from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
@@ -56,6 +57,7 @@ class _Connection:
         self.tools: dict[str, types.Tool] = {}  # by exposed name
         self.catalog = Catalog()  # its resources, templates and prompts
         self.lean: LeanHttpCaller | None = None  # plain calls on a Streamable HTTP upstream (upstream_http.py)
+        self.output_validators: dict[str, SafeValidator] = {}  # by upstream tool name, for lean calls
 
 
 class UpstreamManager:
@@ -211,6 +213,7 @@ class UpstreamManager:
             exposed = exposed_name(prefix, tool.name, taken | set(tools))
             tools[exposed] = tool
         conn.tools = tools
+        conn.output_validators = {}
         self.status[name].tools = len(tools)
         names = {n for c in self.connections.values() for n in c.tools}
         names |= {n for other, c in self.connections.items() if other != name for n, _ in c.catalog.prompts}
@@ -298,7 +301,27 @@ class UpstreamManager:
         except ValidationError:
             raise BackendFailed("the upstream answered something that is not a tool result",
                                 hint="operators: check the upstream server") from None
+        if not result.is_error:
+            _check_output(conn, tool, result)
         return _result(result)
+
+
+def _check_output(conn: _Connection, tool: str, result: types.CallToolResult) -> None:
+    """What the SDK client checks of a result: structured content that matches the tool's output schema."""
+    schema = next((t.output_schema for t in conn.tools.values() if t.name == tool), None)
+    if not schema:
+        return
+    if result.structured_content is None:
+        raise BackendFailed(f"the upstream tool {tool} has an output schema but returned no structured content",
+                            hint="operators: check the upstream server")
+    validator = conn.output_validators.get(tool)
+    if validator is None:
+        validator = conn.output_validators[tool] = SafeValidator(schema)
+    error = next(iter(validator.iter_errors(result.structured_content)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.path) or "(root)"
+        raise BackendFailed(f"the upstream tool {tool} returned a result that does not match its output schema "
+                            f"({where}: {error.message[:200]})", hint="operators: check the upstream server")
 
 
 def _refused(message: str) -> BackendFailed:

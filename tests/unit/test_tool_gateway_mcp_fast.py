@@ -176,3 +176,18 @@ async def test_a_client_that_closes_its_stream_cancels_the_call_and_gets_no_answ
     assert stopped.is_set() and sent == []
     await asyncio.sleep(0.05)  # the cancelled call's audit row is written off the call's path
     assert [r.outcome for r in ports.call_log.records] == ["cancelled"]
+
+
+async def test_a_server_with_middleware_the_lean_path_does_not_replay_has_every_call_served_by_the_sdk() -> None:
+    ports = fake_ports()
+    await ports.registry.register(SPEC)
+    server = build_server(ports)
+
+    async def audit_everything(ctx, call_next):
+        return await call_next(ctx)
+    server.middleware.append(audit_everything)
+    sdk, in_flight = Sdk(), InFlightCalls()
+    app = FastCalls(sdk, server, functools.partial(answer_call, ports, in_flight=in_flight), path="/mcp",
+                    security=SECURITY, in_flight=in_flight)
+    await post(app, headers("2026-07-28"), call("2026-07-28", {"id": "7"}))
+    assert sdk.reached == 1

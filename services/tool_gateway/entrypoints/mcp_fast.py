@@ -61,6 +61,7 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                 (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
 _PING = b": ping\r\n\r\n"
+_KNOWN_MIDDLEWARE = frozenset({"OpenTelemetryMiddleware", "TaskMiddleware"})
 
 
 class _Plan:
@@ -80,8 +81,10 @@ class FastCalls:
         """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports)."""
         self.app, self.server, self.answer, self.path = app, server, answer, path
         self.security, self.in_flight, self.max_body = TransportSecurityMiddleware(security), in_flight, max_body
-        # A server with cache hints or extra middleware for tools/call shapes calls in ways this path does not.
-        self.enabled = server.cache_hints.get("tools/call") is None
+        # Cache hints for tools/call, or middleware besides the span (replayed here) and the task one (whose
+        # calls go to the SDK), would shape calls in ways this path does not: then the SDK serves them all.
+        self.enabled = server.cache_hints.get("tools/call") is None and all(
+            type(m).__name__ in _KNOWN_MIDDLEWARE for m in server.middleware)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = scope.get("mcp.message") if scope["type"] == "http" else None

@@ -138,6 +138,9 @@ class Http1Pool:
         idle, self._idle = self._idle, []
         for _, writer in idle:
             writer.close()
+        for _, writer in idle:  # closed for good before the caller (or its event loop) goes on
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 def _parse_head(reader: asyncio.StreamReader, raw: bytes) -> Http1Response:

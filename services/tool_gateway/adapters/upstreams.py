@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import random
+from importlib.metadata import version
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +23,19 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from libs.errors import NotFound, Unavailable
+from libs.safe_schema import SafeValidator
 from libs.logs import get_logger
+from services.tool_gateway.adapters.http1 import Http1Pool
 from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
+from services.tool_gateway.adapters.upstream_http import (
+    LeanHttpCaller,
+    SessionTracker,
+    UpstreamBroken,
+    UpstreamRefused,
+)
 from services.tool_gateway.domain import BackendFailed, ToolSpec
 from services.tool_gateway.domain.content import MEDIA_KEY
 from services.tool_gateway.domain.naming import exposed_name
@@ -35,6 +45,7 @@ from services.tool_gateway.service_layer.call_context import progress_reporter
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
 log = get_logger(__name__)
+CLIENT_INFO = {"name": "mnemesh-tool-gateway", "version": version("mnemesh")}  # how the gateway introduces itself
 
 
 class _Connection:
@@ -45,6 +56,8 @@ class _Connection:
         self.changed = asyncio.Event()
         self.tools: dict[str, types.Tool] = {}  # by exposed name
         self.catalog = Catalog()  # its resources, templates and prompts
+        self.lean: LeanHttpCaller | None = None  # plain calls on a Streamable HTTP upstream (upstream_http.py)
+        self.output_validators: dict[str, SafeValidator] = {}  # by upstream tool name, for lean calls
 
 
 class UpstreamManager:
@@ -109,12 +122,28 @@ class UpstreamManager:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def _transport(self, config: UpstreamConfig, stack: contextlib.AsyncExitStack):
+    def _transport(self, conn: _Connection, stack: contextlib.AsyncExitStack):
+        """The SDK client's transport; for a URL also the lean caller's parts (its HTTP client, the session)."""
+        config = conn.config
         if config.command:
-            return StdioServerParameters(command=config.command[0], args=config.command[1:], env=config.env or None)
-        http = httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(config.timeout_seconds))
+            return StdioServerParameters(command=config.command[0], args=config.command[1:],
+                                         env=config.env or None), None
+        session = SessionTracker()
+        http = httpx2.AsyncClient(headers=config.headers, timeout=httpx2.Timeout(config.timeout_seconds),
+                                  event_hooks={"response": [session]})
         stack.push_async_callback(http.aclose)
-        return streamable_http_client(config.url, http_client=http)
+        return streamable_http_client(config.url, http_client=http), session
+
+    @staticmethod
+    def _lean(conn: _Connection, client: Client, session: SessionTracker | None,
+              stack: contextlib.AsyncExitStack) -> LeanHttpCaller | None:
+        """The lean caller of a plain-HTTP upstream (TLS ones are called through the SDK client)."""
+        if session is None or not conn.config.url.startswith("http://"):
+            return None
+        pool = Http1Pool(conn.config.url, conn.config.headers, connect_timeout=conn.config.timeout_seconds)
+        stack.push_async_callback(pool.aclose)
+        return LeanHttpCaller(pool, client.protocol_version, session, client_info=CLIENT_INFO,
+                              on_notice=lambda _method: conn.changed.set())
 
     async def _supervise(self, name: str) -> None:
         conn = self.connections[name]
@@ -124,9 +153,12 @@ class UpstreamManager:
             conn.broken.clear()
             try:
                 async with contextlib.AsyncExitStack() as stack:
+                    transport, lean_parts = self._transport(conn, stack)
                     client = await stack.enter_async_context(
-                        Client(self._transport(conn.config, stack), message_handler=self._handler(conn)))
+                        Client(transport, message_handler=self._handler(conn),
+                               client_info=types.Implementation(**CLIENT_INFO)))
                     conn.client = client
+                    conn.lean = self._lean(conn, client, lean_parts, stack)
                     await self._refresh(name, conn)
                     status.state, status.reason, failures = "up", "", 0
                     self._rebuild()
@@ -137,7 +169,7 @@ class UpstreamManager:
             except Exception as exc:  # noqa: BLE001 - any failure of an upstream is a reason to reconnect
                 status.reason = f"{type(exc).__name__}: {str(exc)[:200]}"
             finally:
-                conn.client = None
+                conn.client, conn.lean = None, None
             failures += 1
             status.state, status.restarts = "down", status.restarts + 1
             self._rebuild()
@@ -181,6 +213,7 @@ class UpstreamManager:
             exposed = exposed_name(prefix, tool.name, taken | set(tools))
             tools[exposed] = tool
         conn.tools = tools
+        conn.output_validators = {}
         self.status[name].tools = len(tools)
         names = {n for c in self.connections.values() for n in c.tools}
         names |= {n for other, c in self.connections.items() if other != name for n, _ in c.catalog.prompts}
@@ -232,20 +265,68 @@ class UpstreamManager:
         if conn.client is None or self.status[upstream].state != "up":
             raise Unavailable(f"the upstream {upstream!r} is down ({self.status[upstream].reason or 'connecting'})",
                               hint="retry with backoff; the gateway is reconnecting it")
+        report = progress_reporter()
+        if conn.lean is not None and report is None:  # a plain call: one POST (upstream_http.py)
+            return await self._lean_call(upstream, conn, conn.lean, tool, arguments)
         try:
             # Progress the upstream reports is relayed to the caller (when it asked for it); a call
             # cancelled here (the caller went away) makes the SDK client send the upstream
             # `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
             result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                                 progress_callback=progress_reporter())
+                                                 progress_callback=report)
         except MCPError as exc:
-            raise BackendFailed(f"the upstream refused the call: {exc.error.message[:200]}",
-                                hint="check the arguments against the tool's schema") from None
+            raise _refused(exc.error.message) from None
         except (OSError, EOFError, RuntimeError) as exc:  # the transport broke under the call
             conn.broken.set()
             raise Unavailable(f"the upstream {upstream!r} connection failed ({type(exc).__name__})",
                               hint="retry with backoff") from None
         return _result(result)
+
+    async def _lean_call(self, upstream: str, conn: _Connection, lean: LeanHttpCaller, tool: str,
+                         arguments: dict[str, Any]) -> dict[str, Any]:
+        try:
+            raw = await lean.call(tool, arguments)
+        except UpstreamRefused as exc:
+            raise _refused(exc.message) from None
+        except UpstreamBroken as exc:
+            self.status[upstream].reason = str(exc)
+            conn.broken.set()
+            raise Unavailable(f"the upstream {upstream!r} connection failed ({str(exc)[:100]})",
+                              hint="retry with backoff") from None
+        if raw.get("resultType", "complete") != "complete":
+            raise BackendFailed(f"the upstream asked for input the gateway cannot give ({raw.get('resultType')})",
+                                hint="call the upstream's tool with everything it needs")
+        try:
+            result = types.CallToolResult.model_validate(raw, by_name=False)
+        except ValidationError:
+            raise BackendFailed("the upstream answered something that is not a tool result",
+                                hint="operators: check the upstream server") from None
+        if not result.is_error:
+            _check_output(conn, tool, result)
+        return _result(result)
+
+
+def _check_output(conn: _Connection, tool: str, result: types.CallToolResult) -> None:
+    """What the SDK client checks of a result: structured content that matches the tool's output schema."""
+    schema = next((t.output_schema for t in conn.tools.values() if t.name == tool), None)
+    if not schema:
+        return
+    if result.structured_content is None:
+        raise BackendFailed(f"the upstream tool {tool} has an output schema but returned no structured content",
+                            hint="operators: check the upstream server")
+    validator = conn.output_validators.get(tool)
+    if validator is None:
+        validator = conn.output_validators[tool] = SafeValidator(schema)
+    error = next(iter(validator.iter_errors(result.structured_content)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.path) or "(root)"
+        raise BackendFailed(f"the upstream tool {tool} returned a result that does not match its output schema "
+                            f"({where}: {error.message[:200]})", hint="operators: check the upstream server")
+
+
+def _refused(message: str) -> BackendFailed:
+    return BackendFailed(f"the upstream refused the call: {message[:200]}",
+                         hint="check the arguments against the tool's schema")
 
 
 def _result(result: types.CallToolResult) -> dict[str, Any]:

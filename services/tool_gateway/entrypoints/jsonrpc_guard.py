@@ -85,6 +85,7 @@ class JsonRpcGuard:
         else:
             if problem is None:
                 scope["mcp.message"] = message  # read by what comes next (stateless sessions), parsed once
+                scope["mcp.body_bytes"] = len(body)
         if problem is not None:
             error = {"jsonrpc": "2.0", "id": None,
                      "error": {"code": INVALID_REQUEST, "message": f"Invalid request: {problem}"}}

@@ -20,6 +20,7 @@ mcp_sessions) stops, and so does the upstream call under it.
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib.metadata import version
 from typing import Any
@@ -43,6 +44,7 @@ from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
+from services.tool_gateway.entrypoints.mcp_fast import FastCalls
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
@@ -61,7 +63,7 @@ from services.tool_gateway.service_layer.pipeline import CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 from services.tool_gateway.service_layer.tasks import TaskRunner
 
-__all__ = ["CALL_SCOPE", "CHAIN_ID_META", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app",
+__all__ = ["CALL_SCOPE", "answer_call", "CHAIN_ID_META", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app",
            "outcome_result", "tool_to_mcp"]
 
 PATH = "/mcp"
@@ -181,6 +183,33 @@ def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str |
     return cancel_key(caller, session, ctx.request_id) if session else None
 
 
+async def answer_call(ports: CallPorts, caller: Principal | None, params: types.CallToolRequestParams, *,
+                      in_flight: InFlightCalls, cancel: str | None = None, report=None) -> types.CallToolResult:
+    """A tools/call through the pipeline, as the MCP tool result (the SDK's handler and the lean path's).
+
+    `cancel`: the key a 2025-era `notifications/cancelled` finds the call by; `report`: where the
+    upstream's progress goes (None: the caller sent no progress token)."""
+    if caller is None:
+        return error_result(PermissionDenied("the request carries no authenticated caller",
+                                             field="authorization", hint="send a bearer token"))
+    try:
+        chain_id = chain_id_of(params)
+    except DomainError as exc:
+        return error_result(exc)
+    call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
+                    chain_id=chain_id, trace_id=current_trace_id())
+    outcome = None
+    with reporting_progress(report), in_flight.track(cancel) as scope:
+        try:
+            outcome = await pipeline.call_tool(call, ports)
+        except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
+            return error_result(_unavailable(exc))
+    if outcome is None or scope.cancelled_caught:
+        return error_result(Cancelled("the caller cancelled the call", field="",
+                                      hint="the call was stopped, upstream too; call again to retry"))
+    return outcome_result(outcome, outcome.has_output_schema)
+
+
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
                  experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
                  changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None,
@@ -216,28 +245,11 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
     async def call_tool(ctx: ServerRequestContext,
                         params: types.CallToolRequestParams) -> types.CallToolResult:
         caller = _caller(ctx, local_principal)
-        if caller is None:
-            return error_result(PermissionDenied("the request carries no authenticated caller",
-                                                 field="authorization", hint="send a bearer token"))
-        try:
-            chain_id = chain_id_of(params)
-        except DomainError as exc:
-            return error_result(exc)
-        call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
-                        chain_id=chain_id, trace_id=current_trace_id())
         # Progress is relayed only when the caller asked for it (a progress token): otherwise the upstream
         # is not asked for any either.
         report = ctx.session.report_progress if progress_token_from_params(ctx.params) is not None else None
-        outcome = None
-        with reporting_progress(report), in_flight.track(_cancel_key(ctx, caller)) as scope:
-            try:
-                outcome = await pipeline.call_tool(call, ports)
-            except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
-                return error_result(_unavailable(exc))
-        if outcome is None or scope.cancelled_caught:
-            return error_result(Cancelled("the caller cancelled the call", field="",
-                                          hint="the call was stopped, upstream too; call again to retry"))
-        return outcome_result(outcome, outcome.has_output_schema)
+        return await answer_call(ports, caller, params, in_flight=in_flight,
+                                 cancel=_cancel_key(ctx, caller) if caller is not None else None, report=report)
 
     server = _GatewayServer(
         "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
@@ -294,7 +306,9 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
     app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
     sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes)
+    fast = FastCalls(sessions, server, functools.partial(answer_call, ports, in_flight=in_flight), path=PATH,
+                     security=security, in_flight=in_flight)
     metadata = ProtectedResourceMetadata(PATH, resource_url=resource_url, authorization_servers=authorization_servers,
                                          scopes=(LIST_SCOPE, CALL_SCOPE))
-    return metadata.wrap(BearerAuth(JsonRpcGuard(sessions), verifier, required_scope=LIST_SCOPE,
+    return metadata.wrap(BearerAuth(JsonRpcGuard(fast), verifier, required_scope=LIST_SCOPE,
                                     resource_metadata=metadata.url_for))

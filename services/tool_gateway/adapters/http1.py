@@ -1,0 +1,158 @@
+"""A minimal HTTP/1.1 client for POSTs to one plain-HTTP origin, on kept-alive asyncio connections.
+
+For the gateway's hottest outbound request, a tools/call to a Streamable HTTP upstream
+(upstream_http.py). A general client (httpx) spends about a millisecond of CPU on such a POST in
+layers this one request does not need (auth and redirect handling, event hooks, a connection pool
+with its own locking, a response model); this one writes the request in one write and reads the
+answer straight off the stream. Plain `http://` only; TLS upstreams go through the SDK client.
+
+- A connection is reused only after its response was read to the end and did not say `close`;
+  a response abandoned half-way (a cancelled call) closes its connection, which is what tells a
+  2026-07-28 upstream that the call was cancelled.
+- Bodies: `Content-Length`, `chunked`, or up to the connection's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+__all__ = ["Http1Pool", "Http1Response", "ProtocolError"]
+
+_MAX_HEADER_BYTES = 65_536
+
+
+class ProtocolError(OSError):
+    """The peer answered something that is not HTTP/1.1 (an OSError: the transport is broken)."""
+
+
+class Http1Response:
+    def __init__(self, reader: asyncio.StreamReader, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers, self._reader = status, headers, reader
+        self.complete = False  # the body was read to its end
+        length = headers.get("content-length")
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._length = int(length) if length is not None and not self._chunked else None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        reader = self._reader
+        if self._chunked:
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                        pass
+                    break
+                data = await reader.readexactly(size)
+                await reader.readexactly(2)
+                yield data
+        elif self._length is not None:
+            if self._length:
+                yield await reader.readexactly(self._length)
+        else:
+            while data := await reader.read(65_536):
+                yield data
+        self.complete = True
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The body's lines, decoded, without their line ends (CRLF, LF or CR)."""
+        pending = ""
+        async for chunk in self.chunks():
+            pending += chunk.decode()
+            *done, pending = pending.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            for line in done:
+                yield line
+        if pending:
+            yield pending
+
+
+class Http1Pool:
+    """Kept-alive connections to the origin of `url`; `post` sends to its path."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None, *, connect_timeout: float = 10.0,
+                 max_idle: int = 64) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"Http1Pool serves plain http:// URLs, not {url!r}")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        authority = parts.netloc.rpartition("@")[2]
+        self._fixed = f"Host: {authority}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.connect_timeout, self.max_idle = connect_timeout, max_idle
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """A connection, and whether it was kept from an earlier request."""
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()
+        async with asyncio.timeout(self.connect_timeout):
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        return reader, writer, False
+
+    async def _send(self, head: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Write the request, read the response's head. A kept connection the server closed meanwhile
+        (its keep-alive ran out) fails before any answer: the request goes once more on a new one."""
+        while True:
+            reader, writer, kept = await self._connection()
+            try:
+                writer.write(head)
+                return reader, writer, await reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                writer.close()
+                raise ProtocolError("the response's headers are too long") from None
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                writer.close()
+                if not kept or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                    raise ProtocolError("the connection closed before a response") from None
+            except BaseException:
+                writer.close()
+                raise
+
+    @contextlib.asynccontextmanager
+    async def post(self, body: bytes, headers: dict[str, str]) -> AsyncIterator[Http1Response]:
+        head = (f"POST {self.target} HTTP/1.1\r\n{self._fixed}"
+                + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                + f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        reader, writer, raw = await self._send(head)
+        reuse = False
+        try:
+            response = _parse_head(reader, raw)
+            yield response
+            reuse = response.complete and response.headers.get("connection", "").lower() != "close"
+        finally:
+            if reuse and len(self._idle) < self.max_idle:
+                self._idle.append((reader, writer))
+            else:
+                writer.close()
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for _, writer in idle:
+            writer.close()
+        for _, writer in idle:  # closed for good before the caller (or its event loop) goes on
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+def _parse_head(reader: asyncio.StreamReader, raw: bytes) -> Http1Response:
+    if len(raw) > _MAX_HEADER_BYTES:
+        raise ProtocolError("the response's headers are too long")
+    status_line, *lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+        raise ProtocolError(f"not an HTTP/1.1 response: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return Http1Response(reader, int(rest[:3]), headers)

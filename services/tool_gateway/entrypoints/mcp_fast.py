@@ -1,0 +1,222 @@
+"""The lean path of the Streamable HTTP endpoint: a plain `tools/call` POST answered without the SDK's machinery.
+
+A call is most of what the endpoint serves, and the SDK spends more CPU on one (a transport, a
+dispatcher, a server runner, its middleware and memory streams per request) than the gateway's whole
+pipeline. A POST whose JSON-RPC message is a `tools/call` request that needs nothing from that
+machinery is answered here, with the same checks and the same bytes:
+
+- what the SDK checks first is checked the same way (Content-Type, Host and Origin against the same
+  settings, Accept naming JSON and SSE, the body's size, the 2026-07-28 envelope ladder and its
+  routing headers, the params against the revision's schema) — but a request that fails any check
+  is not refused here: it goes on to the SDK, which refuses it in its own words;
+- what needs a stream from server to client goes to the SDK too: a progress token (its progress is
+  relayed), a task-augmented call, `Mcp-Param-*` headers, a protocol version the lean path does not
+  serve (none, or not a known one);
+- the call itself is `mcp_server.answer_call`, what the SDK's handler runs, inside the same
+  OpenTelemetry span; its result is shaped for the wire by the SDK's own per-revision serialiser
+  (`resultType` and the `serverInfo` stamp on 2026-07-28);
+- the answer: 2026-07-28, `application/json` (the SDK's answer to a call that emitted nothing);
+  2025-11-25, one SSE `message` event. A call still running after `DEFERRAL_SECONDS` commits the
+  SSE stream and keeps it alive with comment pings, as the SDK does;
+- cancellation: a client that closes the request's stream (2026-07-28) cancels the call, upstream
+  too; a 2025-era `notifications/cancelled` finds it by its key (mcp_sessions), as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import modern_error_data
+from mcp.server.streamable_http import check_accept_headers
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
+from mcp.shared._otel import extract_trace_context, otel_span
+from mcp.shared.inbound import MCP_PARAM_HEADER_PREFIX, classify_inbound_request, find_duplicated_routing_header
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types import methods
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from libs.logs import get_logger
+from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, InFlightCalls, cancel_key
+
+__all__ = ["DEFERRAL_SECONDS", "BODY_BYTES", "FastCalls"]
+
+log = get_logger(__name__)
+DEFERRAL_SECONDS = 15.0  # the SDK's: how long a call may run before the SSE stream is committed
+BODY_BYTES = "mcp.body_bytes"  # the body's size in the ASGI scope (JsonRpcGuard)
+_PARAM_PREFIX = MCP_PARAM_HEADER_PREFIX.lower().encode()
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
+                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
+_PING = b": ping\r\n\r\n"
+_KNOWN_MIDDLEWARE = frozenset({"OpenTelemetryMiddleware", "TaskMiddleware"})
+
+
+class _Plan:
+    __slots__ = ("version", "params", "request_id", "session", "modern")
+
+    def __init__(self, version: str, params: types.CallToolRequestParams, request_id: Any, session: str,
+                 modern: bool) -> None:
+        self.version, self.params, self.request_id, self.session, self.modern = (version, params, request_id,
+                                                                                 session, modern)
+
+
+class FastCalls:
+    """ASGI middleware in front of the SDK app (after authentication and the JSON-RPC guard)."""
+
+    def __init__(self, app: ASGIApp, server: Server, answer, *, path: str, security: TransportSecuritySettings,
+                 in_flight: InFlightCalls, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE) -> None:
+        """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports)."""
+        self.app, self.server, self.answer, self.path = app, server, answer, path
+        self.security, self.in_flight, self.max_body = TransportSecurityMiddleware(security), in_flight, max_body
+        # Cache hints for tools/call, or middleware besides the span (replayed here) and the task one (whose
+        # calls go to the SDK), would shape calls in ways this path does not: then the SDK serves them all.
+        self.enabled = server.cache_hints.get("tools/call") is None and all(
+            type(m).__name__ in _KNOWN_MIDDLEWARE for m in server.middleware)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = scope.get("mcp.message") if scope["type"] == "http" else None
+        plan = None
+        if (self.enabled and isinstance(message, dict) and message.get("method") == "tools/call"
+                and "id" in message and scope["method"] == "POST" and scope["path"] == self.path):
+            plan = self._plan(scope, message)
+        if plan is None:
+            await self.app(scope, receive, send)
+            return
+        await self._serve(plan, scope, receive, send)
+
+    def _plan(self, scope: Scope, message: dict[str, Any]) -> _Plan | None:
+        """What the call needs when this path may serve it; None sends it to the SDK."""
+        if scope.get(BODY_BYTES, self.max_body + 1) > self.max_body:
+            return None
+        raw = scope["headers"]
+        if any(name.startswith(_PARAM_PREFIX) for name, _ in raw):
+            return None
+        request = Request(scope)
+        headers = request.headers
+        if not self.security._validate_content_type(headers.get("content-type")):
+            return None
+        settings = self.security.settings
+        if settings.enable_dns_rebinding_protection and not (
+                self.security._validate_host(headers.get("host"))
+                and self.security._validate_origin(headers.get("origin"))):
+            return None
+        has_json, has_sse = check_accept_headers(request)
+        if not (has_json and has_sse):
+            return None
+        params = message.get("params")
+        if not isinstance(params, dict) or "task" in params or progress_token_from_params(params) is not None:
+            return None
+        version = headers.get("mcp-protocol-version")
+        modern = version in MODERN_PROTOCOL_VERSIONS
+        if modern:
+            if find_duplicated_routing_header((k.decode("latin-1"), v) for k, v in raw) is not None:
+                return None
+            verdict = classify_inbound_request(message, headers=dict(headers))
+            if not hasattr(verdict, "protocol_version"):  # a rejection: the SDK words it
+                return None
+            version = verdict.protocol_version
+        elif version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return None
+        try:
+            methods.validate_client_request("tools/call", version, params)
+            typed = types.CallToolRequestParams.model_validate(params, by_name=False)
+        except (ValidationError, KeyError):
+            return None
+        return _Plan(version, typed, message["id"], headers.get(SESSION_HEADER, ""), modern)
+
+    async def _serve(self, plan: _Plan, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        committed = False  # the SSE stream's headers went out (a long call)
+        gone = False
+
+        async def watch() -> None:
+            """The client closing its stream cancels the call; a long call gets the SSE stream and pings."""
+            nonlocal committed, gone
+            while True:
+                try:
+                    async with asyncio.timeout(DEFERRAL_SECONDS):
+                        event = await receive()
+                except TimeoutError:
+                    if not committed:
+                        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                        committed = True
+                    await send({"type": "http.response.body", "body": _PING, "more_body": True})
+                    continue
+                if event["type"] == "http.disconnect":
+                    gone = True
+                    task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        try:
+            reply = await self._reply(plan, scope)
+        except asyncio.CancelledError:
+            if gone and task.uncancel() == 0:  # the client went away: nobody to answer (the call is audited)
+                return
+            raise
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher  # a ping it is sending ends before the answer goes out
+        if task.cancelling():  # this task itself was cancelled meanwhile (the server stops)
+            raise asyncio.CancelledError
+        body = json.dumps(reply, separators=(",", ":"))
+        if committed or not plan.modern:
+            frame = f"event: message\r\ndata: {body}\r\n\r\n".encode()
+            if not committed:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.body", "body": frame, "more_body": False})
+            return
+        payload = body.encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+    async def _reply(self, plan: _Plan, scope: Scope) -> dict[str, Any]:
+        """The JSON-RPC answer: the call's result, or the SDK's error for a handler that raised."""
+        user = scope.get("user")
+        caller = getattr(user, "principal", None)
+        cancel = cancel_key(caller, plan.session, plan.request_id) if plan.session and caller is not None else None
+        name = plan.params.name
+        attributes = {"mcp.method.name": "tools/call", "mcp.protocol.version": plan.version,
+                      "jsonrpc.request.id": str(plan.request_id), "gen_ai.operation.name": "execute_tool",
+                      "gen_ai.tool.name": name}
+        with otel_span(name=f"tools/call {name}", kind=SpanKind.SERVER, attributes=attributes,
+                       context=extract_trace_context(plan.params.meta), record_exception=False,
+                       set_status_on_exception=False) as span:
+            try:
+                result = await self.answer(caller, plan.params, cancel=cancel)
+                if result.is_error:
+                    span.set_attribute("error.type", "tool_error")
+                    span.set_status(StatusCode.ERROR)
+                dumped = methods.serialize_server_result(
+                    "tools/call", plan.version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
+            except Exception as exc:  # noqa: BLE001 - the SDK's boundary: an error answer, never a crash
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_status(StatusCode.ERROR, str(exc))
+                error = modern_error_data(exc)
+                return {"jsonrpc": "2.0", "id": plan.request_id,
+                        "error": error.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        if plan.modern:
+            if dumped.get("resultType") is None:
+                dumped["resultType"] = "complete"
+            meta = dumped.get("_meta")
+            if meta is None:
+                dumped["_meta"] = {"io.modelcontextprotocol/serverInfo": self.server.server_info_stamp}
+            elif isinstance(meta, dict) and meta.get("io.modelcontextprotocol/serverInfo") is None:
+                dumped["_meta"] = {**meta, "io.modelcontextprotocol/serverInfo": self.server.server_info_stamp}
+        return {"jsonrpc": "2.0", "id": plan.request_id, "result": dumped}

@@ -1,0 +1,145 @@
+"""The lean paths against the real thing: the MCP endpoint's lean tools/call path (mcp_fast) with the official
+SDK client in both revisions, its answers compared with the SDK's own for the same request, and the lean
+upstream caller (upstream_http) on a real fixture MCP server in both revisions, cancellation included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from test_gateway_mcp_protocol import wait_for_text
+from test_gateway_upstreams import federating, http_upstream, listed, wait_answers  # noqa: F401 - fixtures
+from test_mcp import MODES, Gateway, mcp_client
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from services.tool_gateway.adapters.http1 import Http1Pool
+from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, UpstreamRefused
+
+pytestmark = pytest.mark.integration
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def _request(version: str, token: str, name: str, arguments: dict) -> tuple[dict, dict]:
+    params: dict = {"name": name, "arguments": arguments}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": version}
+    if version == "2026-07-28":
+        params["_meta"] = MODERN_META
+        headers.update({"Mcp-Method": "tools/call", "Mcp-Name": name})
+    return {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}, headers
+
+
+def _message(response: httpx2.Response) -> dict:
+    if response.headers["content-type"].startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
+@pytest.mark.parametrize("arguments", [{"text": "hi", "times": 2}, {"text": 7}, {}])
+async def test_the_lean_path_answers_what_the_sdk_answers_for_the_same_call(
+    federating: Gateway, version: str, arguments: dict  # noqa: F811
+) -> None:
+    """An `Mcp-Param-*` header sends the same request through the SDK (the lean path leaves those to it)."""
+    await listed(federating, {"rm.echo"})
+    message, headers = _request(version, federating.token("tools:*"), "rm.echo", arguments)
+    async with httpx2.AsyncClient(timeout=30) as http:
+        lean = await http.post(federating.url, json=message, headers=headers)
+        sdk = await http.post(federating.url, json=message, headers={**headers, "Mcp-Param-Unused": "x"})
+    assert (lean.status_code, lean.headers["content-type"]) == (sdk.status_code, sdk.headers["content-type"])
+    assert _message(lean) == _message(sdk)
+    result = _message(lean)["result"]
+    assert result["isError"] is (arguments != {"text": "hi", "times": 2})
+    if not result["isError"]:
+        assert result["structuredContent"] == {"echo": "hi hi"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_sdk_client_calls_through_the_lean_path_with_structured_errors_scopes_and_auth(
+    federating: Gateway, mode: str  # noqa: F811
+) -> None:
+    await listed(federating, {"rm.echo", "local.echo"})
+    async with mcp_client(federating, federating.token("tools:*"), mode) as client:
+        remote = await client.call_tool("rm.echo", {"text": "a", "times": 3})
+        local = await client.call_tool("local.echo", {"text": "b"})
+        invalid = await client.call_tool("rm.echo", {"times": 2})
+        missing = await client.call_tool("rm.nothing_here", {})
+    assert (remote.structured_content, local.structured_content) == ({"echo": "a a a"}, {"echo": "b"})
+    assert invalid.is_error and invalid.structured_content["error_type"] == "validation"
+    assert "text" in invalid.structured_content["reason"]
+    assert missing.is_error and missing.structured_content["error_type"] == "not_found"
+    async with mcp_client(federating, federating.token("tools:read"), mode) as client:
+        refused = await client.call_tool("rm.echo", {"text": "a"})
+    assert refused.is_error and refused.structured_content["error_type"] == "permission_denied"
+    message, headers = _request("2026-07-28" if mode == "auto" else "2025-11-25", "not-a-token", "rm.echo",
+                                {"text": "a"})
+    async with httpx2.AsyncClient(timeout=30) as http:
+        unauthenticated = await http.post(federating.url, json=message, headers=headers)
+    assert unauthenticated.status_code == 401
+    assert unauthenticated.json()["error"]["data"]["error_type"] == "unauthenticated"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_lean_upstream_caller_calls_and_cancels_on_both_revisions(
+    http_upstream: str, mode: str, tmp_path: Path  # noqa: F811
+) -> None:
+    await wait_answers(http_upstream)
+    session = SessionTracker()
+    pool = Http1Pool(http_upstream)
+    async with (httpx2.AsyncClient(event_hooks={"response": [session]}) as http,
+                Client(streamable_http_client(http_upstream, http_client=http), mode=mode) as client):
+        assert (session.session_id is not None) == (mode == "legacy")
+        lean = LeanHttpCaller(pool, client.protocol_version, session, client_info={"name": "t", "version": "0"})
+        results = await asyncio.gather(*(lean.call("echo", {"text": str(n), "times": 2}) for n in range(5)))
+        assert [r["structuredContent"] for r in results] == [{"echo": f"{n} {n}"} for n in range(5)]
+        assert (await lean.call("no_such_tool", {}))["isError"] is True  # a tool error: the manager maps it
+        with pytest.raises(UpstreamRefused):  # a JSON-RPC error: arguments that are not an object
+            await lean.call("echo", ["not", "an", "object"])  # type: ignore[arg-type]
+        marker = tmp_path / f"slow-{mode}"
+        call = asyncio.create_task(lean.call("slow", {"marker": str(marker)}))
+        await wait_for_text(marker, "started")
+        call.cancel()
+        await wait_for_text(marker, "cancelled")
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        again = await lean.call("echo", {"text": "after"})  # the cancelled call's connection is not reused
+        assert again["structuredContent"] == {"echo": "after"}
+    await pool.aclose()
+
+
+async def test_the_pool_sends_again_on_a_fresh_connection_when_a_kept_one_closes_without_an_answer() -> None:
+    """The race of a keep-alive timeout: the server takes the next request on a kept connection and closes it."""
+    answered, connections = 0, 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered, connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        answered += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"2\r\n{}\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # the next request on this connection: dropped unanswered
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = Http1Pool(f"http://127.0.0.1:{port}/mcp")
+    try:
+        with anyio.fail_after(10):
+            for _ in range(3):
+                async with pool.post(b"{}", {}) as response:
+                    assert (response.status, await response.read()) == (200, b"{}")
+    finally:
+        await pool.aclose()
+        server.close()
+    assert (answered, connections) == (3, 3)

@@ -1,0 +1,59 @@
+"""The lean upstream caller's parts without a network: the HTTP/1.1 response reader (bodies by length, chunked,
+up to the end; lines of an SSE stream) and the output-schema check a lean call keeps from the SDK client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mcp_types as types
+import pytest
+
+from services.tool_gateway.adapters.http1 import ProtocolError, _parse_head
+from services.tool_gateway.adapters.upstreams import _check_output, _Connection
+from services.tool_gateway.domain import BackendFailed
+from services.tool_gateway.domain.upstream import UpstreamConfig
+
+
+def response(raw: bytes):
+    reader = asyncio.StreamReader()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    reader.feed_data(body)
+    reader.feed_eof()
+    return _parse_head(reader, head + b"\r\n\r\n")
+
+
+async def test_a_body_is_read_by_its_length_chunked_or_to_the_end() -> None:
+    sized = response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}extra")
+    chunked = response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1;ext=1\r\n}\r\n0\r\nX: y\r\n\r\n")
+    to_end = response(b"HTTP/1.1 404 Not Found\r\nConnection: close\r\n\r\nnope")
+    assert (await sized.read(), await chunked.read(), await to_end.read()) == (b"{}", b"{}", b"nope")
+    assert (sized.status, to_end.status, to_end.headers["connection"]) == (200, 404, "close")
+    assert sized.complete and chunked.complete and to_end.complete
+
+
+async def test_lines_are_split_on_any_line_end_across_chunks() -> None:
+    stream = response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"9\r\nevent: me\r\n" b"8\r\nssage\r\nd\r\n" b"6\r\nata: x\r\n" b"2\r\n\n\n\r\n0\r\n\r\n")
+    assert [line async for line in stream.lines()] == ["event: message", "data: x", ""]
+
+
+async def test_what_is_not_http_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        response(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+
+def _connection_with(output_schema: dict | None) -> _Connection:
+    conn = _Connection(UpstreamConfig(name="fx", url="http://127.0.0.1:1/mcp"))
+    conn.tools = {"fx.lookup": types.Tool(name="lookup", input_schema={"type": "object"},
+                                          output_schema=output_schema)}
+    return conn
+
+
+def test_a_lean_call_s_result_must_match_the_upstream_tool_s_output_schema() -> None:
+    conn = _connection_with({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    _check_output(conn, "lookup", types.CallToolResult(content=[], structured_content={"n": 1}))
+    with pytest.raises(BackendFailed, match="does not match its output schema"):
+        _check_output(conn, "lookup", types.CallToolResult(content=[], structured_content={"n": "one"}))
+    with pytest.raises(BackendFailed, match="no structured content"):
+        _check_output(conn, "lookup", types.CallToolResult(content=[]))
+    _check_output(_connection_with(None), "lookup", types.CallToolResult(content=[]))  # no schema: no check

@@ -5,6 +5,7 @@ upstream caller (upstream_http) on a real fixture MCP server in both revisions, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from test_mcp import MODES, Gateway, mcp_client
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from services.tool_gateway.adapters.http1 import Http1Pool
+from services.tool_gateway.adapters.http1 import Http1Pool, ProtocolError
 from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, UpstreamRefused
 
 pytestmark = pytest.mark.integration
@@ -115,30 +116,43 @@ async def test_the_lean_upstream_caller_calls_and_cancels_on_both_revisions(
     await pool.aclose()
 
 
-async def test_the_pool_sends_again_on_a_fresh_connection_when_a_kept_one_closes_without_an_answer() -> None:
-    """The race of a keep-alive timeout: the server takes the next request on a kept connection and closes it."""
-    answered, connections = 0, 0
+async def test_the_pool_never_sends_a_request_twice_and_drops_connections_idle_too_long() -> None:
+    """A kept connection that closes under a request, unanswered, fails that request: the upstream may have
+    run the tool, so sending it again is the pipeline's decision. A connection idle past `idle_seconds` is
+    not reused (servers close theirs after their keep-alive timeout)."""
+    answered, requests, connections = 0, 0, 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal answered, connections
+        nonlocal answered, requests, connections
         connections += 1
         await reader.readuntil(b"\r\n\r\n")
         await reader.readexactly(2)
+        requests += 1
         answered += 1
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"2\r\n{}\r\n0\r\n\r\n")
         await writer.drain()
-        await reader.readuntil(b"\r\n\r\n")  # the next request on this connection: dropped unanswered
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")  # the next request on this connection: dropped unanswered
+            requests += 1
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = Http1Pool(f"http://127.0.0.1:{port}/mcp")
+    pool = Http1Pool(f"http://127.0.0.1:{port}/mcp", idle_seconds=0.5)
     try:
         with anyio.fail_after(10):
-            for _ in range(3):
+            async with pool.post(b"{}", {}) as response:
+                assert (response.status, await response.read()) == (200, b"{}")
+            with pytest.raises(ProtocolError):  # on the kept connection, which the server drops
                 async with pool.post(b"{}", {}) as response:
-                    assert (response.status, await response.read()) == (200, b"{}")
+                    pass
+            assert (answered, requests, connections) == (1, 2, 1)  # sent once, not again on a new connection
+            async with pool.post(b"{}", {}) as response:  # a new connection
+                assert (response.status, await response.read()) == (200, b"{}")
+            await asyncio.sleep(0.7)  # past idle_seconds: the kept connection is closed, a new one opened
+            async with pool.post(b"{}", {}) as response:
+                assert (response.status, await response.read()) == (200, b"{}")
     finally:
         await pool.aclose()
         server.close()

@@ -6,9 +6,14 @@ layers this one request does not need (auth and redirect handling, event hooks, 
 with its own locking, a response model); this one writes the request in one write and reads the
 answer straight off the stream. Plain `http://` only; TLS upstreams go through the SDK client.
 
-- A connection is reused only after its response was read to the end and did not say `close`;
-  a response abandoned half-way (a cancelled call) closes its connection, which is what tells a
-  2026-07-28 upstream that the call was cancelled.
+- A connection is reused only after its response was read to the end and did not say `close`,
+  and only within `idle_seconds` (2 s) of that: below the keep-alive timeouts servers commonly use
+  (5 s and up), so the server does not close it under a new request. A response abandoned half-way
+  (a cancelled call) closes its connection, which is what tells a 2026-07-28 upstream that the call
+  was cancelled.
+- A request is never sent twice: a connection that closes after the request went out, with no
+  answer, is a ProtocolError, as a server crashing mid-call would be. The upstream may have run the
+  tool; whether to call again is the gateway pipeline's decision (retry policy, status tool).
 - Bodies: `Content-Length`, `chunked`, or up to the connection's end.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -76,7 +82,7 @@ class Http1Pool:
     """Kept-alive connections to the origin of `url`; `post` sends to its path."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, *, connect_timeout: float = 10.0,
-                 max_idle: int = 64) -> None:
+                 max_idle: int = 64, idle_seconds: float = 2.0) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"Http1Pool serves plain http:// URLs, not {url!r}")
@@ -84,38 +90,35 @@ class Http1Pool:
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         authority = parts.netloc.rpartition("@")[2]
         self._fixed = f"Host: {authority}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.connect_timeout, self.max_idle = connect_timeout, max_idle
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.connect_timeout, self.max_idle, self.idle_seconds = connect_timeout, max_idle, idle_seconds
+        # (reader, writer, when it became idle), the most recently used last
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
 
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
-        """A connection, and whether it was kept from an earlier request."""
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        now = time.monotonic()
         while self._idle:
-            reader, writer = self._idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer, True
+            reader, writer, since = self._idle.pop()
+            if now - since < self.idle_seconds and not reader.at_eof() and not writer.is_closing():
+                return reader, writer
             writer.close()
         async with asyncio.timeout(self.connect_timeout):
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-        return reader, writer, False
+            return await asyncio.open_connection(self.host, self.port)
 
     async def _send(self, head: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-        """Write the request, read the response's head. A kept connection the server closed meanwhile
-        (its keep-alive ran out) fails before any answer: the request goes once more on a new one."""
-        while True:
-            reader, writer, kept = await self._connection()
-            try:
-                writer.write(head)
-                return reader, writer, await reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError:
-                writer.close()
-                raise ProtocolError("the response's headers are too long") from None
-            except (asyncio.IncompleteReadError, ConnectionError) as exc:
-                writer.close()
-                if not kept or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
-                    raise ProtocolError("the connection closed before a response") from None
-            except BaseException:
-                writer.close()
-                raise
+        """Write the request, read the response's head."""
+        reader, writer = await self._connection()
+        try:
+            writer.write(head)
+            return reader, writer, await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            writer.close()
+            raise ProtocolError("the response's headers are too long") from None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            raise ProtocolError("the connection closed before a response") from None
+        except BaseException:
+            writer.close()
+            raise
 
     @contextlib.asynccontextmanager
     async def post(self, body: bytes, headers: dict[str, str]) -> AsyncIterator[Http1Response]:
@@ -130,15 +133,15 @@ class Http1Pool:
             reuse = response.complete and response.headers.get("connection", "").lower() != "close"
         finally:
             if reuse and len(self._idle) < self.max_idle:
-                self._idle.append((reader, writer))
+                self._idle.append((reader, writer, time.monotonic()))
             else:
                 writer.close()
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
-        for _, writer in idle:
+        for _, writer, _ in idle:
             writer.close()
-        for _, writer in idle:  # closed for good before the caller (or its event loop) goes on
+        for _, writer, _ in idle:  # closed for good before the caller (or its event loop) goes on
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 

@@ -22,10 +22,13 @@ from libs.eventstore import ANY_VERSION, EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.rows import (
     BY_IDEMPOTENCY_KEY,
+    CURRENT,
     INSERT,
     MERGED_KEY,
     by_idempotency_key,
+    digest_lock,
     insert_args,
+    key_lock,
     record_of,
 )
 from services.memory_writer.domain import MemoryRecord, Status
@@ -60,14 +63,20 @@ class BatchBuffer:
 
     async def load(self, conn: asyncpg.Connection, lookups: Lookups) -> None:
         tenant_id = self.tenant_id
-        if lookups.entity_keys:  # current_of's locks, in one order for every writer
+        # current_of's and find_identical's locks, all in one order for every writer (no deadlock between
+        # two batches): a key's writes are serialised, and so are identical contents across replicas.
+        locks = [key_lock(tenant_id, u, k) for u, k in lookups.entity_keys] + \
+            [digest_lock(tenant_id, u, layer, d) for u, layer, d in lookups.identical]
+        if locks:
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtext(k)) FROM (SELECT k FROM unnest($1::text[]) AS k ORDER BY k) s",
-                sorted(f"memory-key:{tenant_id}:{u}:{k}" for u, k in lookups.entity_keys))
+                sorted(locks))
+        if lookups.entity_keys:
             users, keys = zip(*lookups.entity_keys, strict=True)
             for row in await conn.fetch(
                     "SELECT m.* FROM unnest($2::text[], $3::text[]) AS q(u, k) CROSS JOIN LATERAL"
-                    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND key = q.k AND status = 1) m",
+                    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND key = q.k AND key <> ''"
+                    f" AND {CURRENT}) m",
                     tenant_id, list(users), list(keys)):
                 self.current[(row["user_id"], row["key"])] = record_of(row)
         if lookups.idempotency_keys:
@@ -79,7 +88,7 @@ class BatchBuffer:
             for row in await conn.fetch(
                     "SELECT m.* FROM unnest($2::text[], $3::smallint[], $4::text[]) AS q(u, l, d) CROSS JOIN LATERAL"
                     " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l"
-                    " AND content_digest = q.d AND status = 1 ORDER BY created_at LIMIT 1 FOR UPDATE) m",
+                    f" AND content_digest = q.d AND {CURRENT} ORDER BY created_at LIMIT 1 FOR UPDATE) m",
                     tenant_id, list(users), list(layers), list(digests)):
                 self.identical[(row["user_id"], row["layer"], row["content_digest"])] = record_of(row)
         if lookups.buckets:  # per user and layer, its memories sharing a bucket with the batch's (lsh_key)
@@ -88,7 +97,7 @@ class BatchBuffer:
             for row in await conn.fetch(
                     "WITH q AS (SELECT u, l, array_agg(k) AS ks FROM unnest($2::text[], $3::smallint[], $4::bigint[])"
                     " AS t(u, l, k) GROUP BY u, l) SELECT c.* FROM q CROSS JOIN LATERAL (SELECT memory_id::text AS id,"
-                    " minhash, lsh FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l AND status = 1"
+                    f" minhash, lsh FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l AND {CURRENT}"
                     " AND lsh && q.ks LIMIT $5) c", tenant_id, list(users), list(layers), list(keys), NEAR_LIMIT * 16):
                 signature = tuple(row["minhash"])
                 for key in wanted.keys() & row["lsh"]:

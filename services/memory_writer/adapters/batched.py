@@ -32,7 +32,7 @@ from services.memory_writer.adapters.rows import (
     record_of,
 )
 from services.memory_writer.domain import MemoryRecord, Status
-from services.memory_writer.domain.similarity import bands, lsh_key
+from services.memory_writer.domain.similarity import bands
 from services.memory_writer.service_layer.unit_of_work import Lookups
 
 __all__ = ["BatchBuffer"]
@@ -92,7 +92,7 @@ class BatchBuffer:
                     tenant_id, list(users), list(layers), list(digests)):
                 self.identical[(row["user_id"], row["layer"], row["content_digest"])] = record_of(row)
         if lookups.buckets:  # per user and layer, its memories sharing a bucket with the batch's (lsh_key)
-            wanted = {lsh_key(u, layer, bucket): (u, layer, bucket) for u, layer, bucket in lookups.buckets}
+            wanted = lookups.buckets
             users, layers, keys = zip(*((u, layer, key) for key, (u, layer, _) in wanted.items()), strict=True)
             for row in await conn.fetch(
                     "WITH q AS (SELECT u, l, array_agg(k) AS ks FROM unnest($2::text[], $3::smallint[], $4::bigint[])"

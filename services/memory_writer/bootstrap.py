@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 
 import redis.asyncio
@@ -63,3 +64,8 @@ async def bootstrap(ctx: ServiceContext) -> None:
     lease = RedisLease(lease_client, ctx.bus.stream_name("mnemesh.memory-writer.sweeper"),
                        ttl_ms=int(max(settings.memory_sweep_seconds * 3, 10) * 1000))
     ctx.tasks.append(Sweeper(ctx.db, uow, lease, sweep, every_seconds=settings.memory_sweep_seconds).run)
+    # Everything alive now (modules, protobuf descriptors, gRPC, telemetry) lives as long as the process:
+    # frozen out of the collector's sight, a full collection no longer walks it. Under the write bench a
+    # full collection took about 70 ms (three per 3,000 stream writes, a tenth of the writer's CPU); frozen,
+    # about 8 ms.
+    gc.freeze()

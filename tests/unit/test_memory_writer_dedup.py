@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -15,7 +17,10 @@ from services.memory_writer.domain import Layer, MemoryMerged, Source, WriteMemo
 from services.memory_writer.domain import similarity as similarity_module
 from services.memory_writer.domain.similarity import (
     NEAR_THRESHOLD,
+    bands,
     content_digest,
+    lsh_key,
+    lsh_keys,
     minhash,
     minhash_many,
     similarity,
@@ -87,6 +92,19 @@ def test_normalised_equal_texts_share_their_digest_and_signature(text) -> None:
 
 def test_unrelated_texts_are_far_below_the_near_duplicate_threshold() -> None:
     assert similarity(minhash("用户住在杭州西湖区"), minhash("prefers aisle seats")) < NEAR_THRESHOLD / 2
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), min_size=64, max_size=64),
+       st.text(min_size=1, max_size=20), st.sampled_from([1, 3, 5]))
+def test_bands_and_lsh_keys_are_the_stored_formula(signature, user_id, layer) -> None:
+    """Stored `lsh` arrays (and migration 0108's SQL) use these keys: the fast paths must not change them."""
+    expected_bands = [f"{i}:" + hashlib.blake2b(struct.pack(">4I", *signature[i * 4:(i + 1) * 4]),
+                                                digest_size=8).hexdigest() for i in range(16)]
+    assert bands(signature) == expected_bands
+    expected_keys = [int.from_bytes(hashlib.sha256(f"{user_id}|{layer}|{b}".encode()).digest()[:8], "big",
+                                    signed=True) for b in expected_bands]
+    assert lsh_keys(user_id, layer, signature) == expected_keys
+    assert [lsh_key(user_id, layer, b) for b in expected_bands] == expected_keys
 
 
 @given(st.lists(st.text(max_size=120), max_size=30), st.integers(min_value=1, max_value=400))

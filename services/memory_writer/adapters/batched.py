@@ -22,19 +22,37 @@ from libs.eventstore import ANY_VERSION, EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.rows import (
     BY_IDEMPOTENCY_KEY,
+    CURRENT,
     INSERT,
     MERGED_KEY,
     by_idempotency_key,
+    digest_lock,
     insert_args,
+    key_lock,
     record_of,
 )
 from services.memory_writer.domain import MemoryRecord, Status
-from services.memory_writer.domain.similarity import bands, lsh_key
+from services.memory_writer.domain.similarity import bands
 from services.memory_writer.service_layer.unit_of_work import Lookups
 
-__all__ = ["BatchBuffer"]
+__all__ = ["BatchBuffer", "CANDIDATES", "CURRENT_VALUES", "IDENTICAL"]
 
 NEAR_LIMIT = 50  # candidates per write, as near_candidates reads them
+
+# The batch's lookups by user, one index lookup per user (not a scan of the tenant: see rows.CURRENT).
+CURRENT_VALUES = (  # $2, $3: users and entity keys; LIMIT 1 (one current value a key) keeps it a lookup per key
+    "SELECT m.* FROM unnest($2::text[], $3::text[]) AS q(u, k) CROSS JOIN LATERAL"
+    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND key = q.k AND key <> ''"
+    f" AND {CURRENT} LIMIT 1) m")
+IDENTICAL = (  # $2, $3, $4: users, layers, digests; as find_identical: the oldest such memory, locked
+    "SELECT m.* FROM unnest($2::text[], $3::smallint[], $4::text[]) AS q(u, l, d) CROSS JOIN LATERAL"
+    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l"
+    f" AND content_digest = q.d AND {CURRENT} ORDER BY created_at LIMIT 1 FOR UPDATE) m")
+CANDIDATES = (  # $2, $3, $4: users, layers, LSH keys; $5: the limit; per user and layer, sharing a key
+    "WITH q AS (SELECT u, l, array_agg(k) AS ks FROM unnest($2::text[], $3::smallint[], $4::bigint[])"
+    " AS t(u, l, k) GROUP BY u, l) SELECT c.* FROM q CROSS JOIN LATERAL (SELECT memory_id::text AS id,"
+    f" minhash, lsh FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l AND {CURRENT}"
+    " AND lsh && q.ks LIMIT $5) c")
 
 
 @dataclass
@@ -60,36 +78,30 @@ class BatchBuffer:
 
     async def load(self, conn: asyncpg.Connection, lookups: Lookups) -> None:
         tenant_id = self.tenant_id
-        if lookups.entity_keys:  # current_of's locks, in one order for every writer
+        # current_of's and find_identical's locks, all in one order for every writer (no deadlock between
+        # two batches): a key's writes are serialised, and so are identical contents across replicas.
+        locks = [key_lock(tenant_id, u, k) for u, k in lookups.entity_keys] + \
+            [digest_lock(tenant_id, u, layer, d) for u, layer, d in lookups.identical]
+        if locks:
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtext(k)) FROM (SELECT k FROM unnest($1::text[]) AS k ORDER BY k) s",
-                sorted(f"memory-key:{tenant_id}:{u}:{k}" for u, k in lookups.entity_keys))
+                sorted(locks))
+        if lookups.entity_keys:
             users, keys = zip(*lookups.entity_keys, strict=True)
-            for row in await conn.fetch(
-                    "SELECT m.* FROM unnest($2::text[], $3::text[]) AS q(u, k) CROSS JOIN LATERAL"
-                    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND key = q.k AND status = 1) m",
-                    tenant_id, list(users), list(keys)):
+            for row in await conn.fetch(CURRENT_VALUES, tenant_id, list(users), list(keys)):
                 self.current[(row["user_id"], row["key"])] = record_of(row)
         if lookups.idempotency_keys:
             for row in await conn.fetch(BY_IDEMPOTENCY_KEY, tenant_id, sorted(lookups.idempotency_keys)):
                 self.by_idempotency[row["written_key"]] = by_idempotency_key(row)
         if lookups.identical:
             users, layers, digests = zip(*lookups.identical, strict=True)
-            # One index lookup per (user, layer, digest), as find_identical: the oldest such memory, locked.
-            for row in await conn.fetch(
-                    "SELECT m.* FROM unnest($2::text[], $3::smallint[], $4::text[]) AS q(u, l, d) CROSS JOIN LATERAL"
-                    " (SELECT * FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l"
-                    " AND content_digest = q.d AND status = 1 ORDER BY created_at LIMIT 1 FOR UPDATE) m",
-                    tenant_id, list(users), list(layers), list(digests)):
+            for row in await conn.fetch(IDENTICAL, tenant_id, list(users), list(layers), list(digests)):
                 self.identical[(row["user_id"], row["layer"], row["content_digest"])] = record_of(row)
         if lookups.buckets:  # per user and layer, its memories sharing a bucket with the batch's (lsh_key)
-            wanted = {lsh_key(u, layer, bucket): (u, layer, bucket) for u, layer, bucket in lookups.buckets}
+            wanted = lookups.buckets
             users, layers, keys = zip(*((u, layer, key) for key, (u, layer, _) in wanted.items()), strict=True)
-            for row in await conn.fetch(
-                    "WITH q AS (SELECT u, l, array_agg(k) AS ks FROM unnest($2::text[], $3::smallint[], $4::bigint[])"
-                    " AS t(u, l, k) GROUP BY u, l) SELECT c.* FROM q CROSS JOIN LATERAL (SELECT memory_id::text AS id,"
-                    " minhash, lsh FROM memories WHERE tenant_id = $1 AND user_id = q.u AND layer = q.l AND status = 1"
-                    " AND lsh && q.ks LIMIT $5) c", tenant_id, list(users), list(layers), list(keys), NEAR_LIMIT * 16):
+            for row in await conn.fetch(CANDIDATES, tenant_id, list(users), list(layers), list(keys),
+                                        NEAR_LIMIT * 16):
                 signature = tuple(row["minhash"])
                 for key in wanted.keys() & row["lsh"]:
                     self.buckets.setdefault(wanted[key], {})[row["id"]] = signature

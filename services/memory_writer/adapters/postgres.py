@@ -26,7 +26,15 @@ from services.memory_writer.adapters.keys import KeyRing, keyed
 from services.memory_writer.adapters.event_json import written_payload
 from services.memory_writer.adapters.mapping import event_to_proto
 from services.memory_writer.adapters.rows import INSERT as _INSERT
-from services.memory_writer.adapters.rows import BY_IDEMPOTENCY_KEY, MERGED_KEY, by_idempotency_key, insert_args
+from services.memory_writer.adapters.rows import (
+    BY_IDEMPOTENCY_KEY,
+    CURRENT,
+    MERGED_KEY,
+    by_idempotency_key,
+    digest_lock,
+    insert_args,
+    key_lock,
+)
 from services.memory_writer.adapters.rows import record_of as _record
 from services.memory_writer.domain import (
     DomainEvent,
@@ -147,10 +155,12 @@ class PostgresUnitOfWork:
         return True
 
     async def find_identical(self, tenant_id: str, user_id: str, layer: int, digest: str) -> MemoryRecord | None:
-        if self._batch is not None:
+        if self._batch is not None:  # locked and read by prefetch
             return self._batch.identical.get((user_id, layer, digest))
+        await (await self._as(tenant_id)).execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                                                  digest_lock(tenant_id, user_id, layer, digest))
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND layer = $3"
-                               " AND content_digest = $4 AND status = 1 ORDER BY created_at LIMIT 1 FOR UPDATE",
+                               f" AND content_digest = $4 AND {CURRENT} ORDER BY created_at LIMIT 1 FOR UPDATE",
                                tenant_id, user_id, layer, digest)
 
     async def merge_into(self, kept: MemoryRecord) -> None:
@@ -169,7 +179,7 @@ class PostgresUnitOfWork:
         keys = [lsh_key(user_id, layer, b) for b in buckets]
         rows = await (await self._as(tenant_id)).fetch(
             "SELECT memory_id::text AS id, minhash FROM memories WHERE tenant_id = $1 AND user_id = $2 AND layer = $3"
-            " AND status = 1 AND lsh && $4::bigint[] LIMIT 50", tenant_id, user_id, layer, keys)
+            f" AND {CURRENT} AND lsh && $4::bigint[] LIMIT 50", tenant_id, user_id, layer, keys)
         return [(row["id"], list(row["minhash"])) for row in rows]
 
     async def recent_writes(self, tenant_id: str, user_id: str, since: datetime) -> int:
@@ -213,7 +223,7 @@ class PostgresUnitOfWork:
     async def uncovered_turns(self, tenant_id: str, user_id: str, session_id: str) -> list[MemoryRecord]:
         rows = await (await self._as(tenant_id)).fetch(
             "SELECT * FROM memories m WHERE tenant_id = $1 AND user_id = $2 AND session_id = $3 AND layer = 1"
-            " AND status = 1 AND NOT EXISTS (SELECT 1 FROM memories s WHERE s.tenant_id = $1 AND s.user_id = $2"
+            f" AND {CURRENT} AND NOT EXISTS (SELECT 1 FROM memories s WHERE s.tenant_id = $1 AND s.user_id = $2"
             " AND s.session_id = $3 AND 'summary' = ANY(s.tags) AND m.memory_id::text = ANY(s.derived_from))"
             " ORDER BY created_at, memory_id", tenant_id, user_id, session_id)
         return [_record(row) for row in rows]
@@ -257,9 +267,9 @@ class PostgresUnitOfWork:
         if self._batch is not None:  # locked and read by prefetch
             return self._batch.current.get((user_id, key))
         conn = await self._as(tenant_id)
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"memory-key:{tenant_id}:{user_id}:{key}")
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", key_lock(tenant_id, user_id, key))
         return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND user_id = $2 AND key = $3"
-                                          " AND status = 1", tenant_id, user_id, key)
+                                          f" AND key <> '' AND {CURRENT}", tenant_id, user_id, key)
 
     async def supersede(self, tenant_id: str, memory_id: str, by: str, at: datetime) -> None:
         if self._batch is not None:

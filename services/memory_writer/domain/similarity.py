@@ -101,8 +101,14 @@ def bands(signature: list[int]) -> list[str]:
 
 @functools.lru_cache(maxsize=8192)  # a write's buckets are looked up, then stored
 def _bands(signature: tuple[int, ...]) -> tuple[str, ...]:
-    return tuple(f"{i}:" + hashlib.blake2b(struct.pack(f">{ROWS}I", *signature[i * ROWS:(i + 1) * ROWS]),
-                                           digest_size=8).hexdigest() for i in range(BANDS))
+    # Band i is the BLAKE2b of its ROWS values packed big-endian: packed once, then sliced per band.
+    width = 4 * ROWS
+    packed = struct.pack(f">{len(signature)}I", *signature)
+    if len(packed) < width * BANDS:
+        raise ValueError(f"a signature of {len(signature)} values has no {BANDS} bands of {ROWS}")
+    blake2b = hashlib.blake2b
+    return tuple([f"{i}:{blake2b(packed[i * width:(i + 1) * width], digest_size=8).hexdigest()}"
+                  for i in range(BANDS)])
 
 
 @functools.lru_cache(maxsize=16_384)  # a batch looks its buckets up by key, then stores the same keys
@@ -118,7 +124,14 @@ def lsh_keys(user_id: str, layer: int, signature: list[int]) -> list[int]:
 
 @functools.lru_cache(maxsize=4096)  # a batch needs a write's keys to look up, then to store
 def _lsh_keys(user_id: str, layer: int, signature: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(lsh_key(user_id, layer, b) for b in _bands(signature))
+    # lsh_key of each band, the common prefix hashed once (a SHA-256 state copied per band).
+    prefix = hashlib.sha256(f"{user_id}|{layer}|".encode())
+    keys = []
+    for bucket in _bands(signature):
+        digest = prefix.copy()
+        digest.update(bucket.encode())
+        keys.append(int.from_bytes(digest.digest()[:8], "big", signed=True))
+    return tuple(keys)
 
 
 def similarity(a: list[int], b: list[int]) -> float:

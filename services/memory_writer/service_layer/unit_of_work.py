@@ -20,7 +20,8 @@ class Lookups:
     idempotency_keys: set[str] = field(default_factory=set)
     entity_keys: set[tuple[str, str]] = field(default_factory=set)  # (user, key): current_of
     identical: set[tuple[str, int, str]] = field(default_factory=set)  # (user, layer, digest): find_identical
-    buckets: set[tuple[str, int, str]] = field(default_factory=set)  # (user, layer, bucket): near_candidates
+    # near_candidates: LSH key (lsh_key) -> (user, layer, bucket)
+    buckets: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     users: set[str] = field(default_factory=set)  # recent_writes
     sealing: set[str] = field(default_factory=set)  # users whose data keys the batch seals with
 

@@ -41,6 +41,7 @@ from services.memory_writer.domain.similarity import (
     NEAR_THRESHOLD,
     bands,
     content_digest,
+    lsh_keys,
     minhash,
     minhash_many,
     similarity,
@@ -161,7 +162,10 @@ def _lookups(records: Sequence[MemoryRecord], now: datetime) -> Lookups:
             lookups.entity_keys.add((r.user_id, r.key))
         else:
             lookups.identical.add((r.user_id, int(r.layer), _digest(r)))
-            lookups.buckets.update((r.user_id, int(r.layer), b) for b in bands(_signature_of(r)))
+            signature = _signature_of(r)
+            layer = int(r.layer)
+            lookups.buckets.update(zip(lsh_keys(r.user_id, layer, signature),
+                                       ((r.user_id, layer, b) for b in bands(signature)), strict=True))
     return lookups
 
 

@@ -17,6 +17,7 @@ CODES: dict[str, grpc.StatusCode] = {
     "malformed_event": grpc.StatusCode.INVALID_ARGUMENT,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "conflict": grpc.StatusCode.ABORTED,
+    "step_running": grpc.StatusCode.ABORTED,  # a tool chain's step running now: retry once it ended
     "idempotency_key_reused": grpc.StatusCode.ALREADY_EXISTS,
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "permission_denied": grpc.StatusCode.PERMISSION_DENIED,

@@ -84,3 +84,18 @@ async def test_a_callers_working_tasks_are_capped_and_a_lapsed_lease_or_an_end_f
     assert await tasks.begin("acme", ids[3], state, 0.2, 2) == 2
     await asyncio.sleep(0.3)  # ids[3]'s lease lapsed (its replica lost): it no longer counts
     assert await tasks.begin("acme", ids[0], state, 30, 2) == 2
+
+
+async def test_a_running_step_is_held_by_one_call_released_only_by_it_and_lapses_after_its_time(factory,
+                                                                                               unique: str) -> None:
+    chains = RedisChainStore(factory, unique)
+    assert await chains.claim("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-a", 30)
+    assert not await chains.claim("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-b", 30)  # held by call-a
+    assert await chains.claim("acme", "agent-2", "trip-1", "trip.pay\x1fh", "call-c", 30)  # another caller's chain
+    assert await chains.claim("acme.eu", "agent-1", "trip-1", "trip.pay\x1fh", "call-d", 30)  # another tenant's
+    await chains.release("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-b")  # not its hold: nothing
+    assert not await chains.claim("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-b", 30)
+    await chains.release("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-a")
+    assert await chains.claim("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-b", 0.2)
+    await asyncio.sleep(0.4)  # call-b's replica was lost: its hold lapses
+    assert await chains.claim("acme", "agent-1", "trip-1", "trip.pay\x1fh", "call-e", 30)

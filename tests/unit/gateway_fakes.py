@@ -150,6 +150,7 @@ class FakeChains:
 
     def __init__(self, max_steps: int = 256) -> None:
         self.chains: dict[tuple[str, str, str], dict[str, ChainStep]] = {}
+        self.held: dict[tuple[str, str, str, str], str] = {}  # a running step -> the call id holding it
         self.max_steps = max_steps
 
     async def load(self, tenant_id: str, subject: str, chain_id: str) -> Chain | None:
@@ -163,6 +164,13 @@ class FakeChains:
             raise chain_full(chain_id, self.max_steps)
         if step.fresh or key not in steps or not steps[key].done:
             steps[key] = step
+
+    async def claim(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str, seconds: float) -> bool:
+        return self.held.setdefault((tenant_id, subject, chain_id, key), owner) == owner
+
+    async def release(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str) -> None:
+        if self.held.get((tenant_id, subject, chain_id, key)) == owner:
+            del self.held[(tenant_id, subject, chain_id, key)]
 
 
 def fake_ports(**policy: Any) -> CallPorts:

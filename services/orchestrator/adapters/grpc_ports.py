@@ -137,7 +137,9 @@ class GrpcToolGateway:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return ToolResult(False, reason="the gateway did not answer in time", timed_out=True)
-            retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            # ABORTED: the same call (its chain step) is running at the gateway now; later it replays its result.
+            retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       grpc.StatusCode.ABORTED)
             return ToolResult(False, reason=f"{exc.code().name}: {exc.details()}", retryable=retryable)
         if response.HasField("error"):
             return ToolResult(False, reason=f"{response.error.field}: {response.error.reason}".strip(": "),

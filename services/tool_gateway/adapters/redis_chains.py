@@ -1,7 +1,8 @@
 """Tool chains and tasks in Redis, so every gateway replica sees the same chain and the same task.
 
 A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
-as JSON; the hash expires a TTL after its last step. A task is one JSON string per (tenant, task
+as JSON; the hash expires a TTL after its last step. A step running now is one more key (SET NX with
+the call id, expiring after the call's longest run), deleted by that call when it ends. A task is one JSON string per (tenant, task
 id) with its own TTL. Every key is built by `_Keys.tenant_key` (a separator no tenant id holds).
 """
 
@@ -32,6 +33,12 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
+"""
+
+# KEYS[1]: a running step's hold; ARGV[1]: its owner (call id). Deleted only by its owner.
+_RELEASE_STEP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # A caller's working tasks: a sorted set per (tenant, subject) of task ids scored by their lease's end (ms,
@@ -95,6 +102,17 @@ class RedisChainStore(_Keys):
                                       self.ttl_ms, self.max_steps])
         if int(kept) == -1:  # another replica filled the chain since this call read it
             raise chain_full(chain_id, self.max_steps)
+
+    def _hold(self, tenant_id: str, subject: str, chain_id: str, key: str) -> str:
+        return self.tenant_key(tenant_id, subject, chain_id, "running", key)
+
+    async def claim(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str, seconds: float) -> bool:
+        client = await self._redis()
+        return bool(await client.set(self._hold(tenant_id, subject, chain_id, key), owner, nx=True,
+                                     px=max(1, int(seconds * 1000))))
+
+    async def release(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str) -> None:
+        await self.run_script(_RELEASE_STEP, [self._hold(tenant_id, subject, chain_id, key)], [owner])
 
 
 def _step_json(value: bytes | str) -> str:

@@ -8,7 +8,10 @@ come from it:
 - `requires`: a tool runs only after each tool it requires has a successful step in the chain;
 - resume: a step the chain already did successfully with the same arguments answers its kept
   result instead of calling the backend again, so a chain whose later step failed is resumed by
-  calling its steps again in order, and only the failed step runs anew.
+  calling its steps again in order, and only the failed step runs anew;
+- one at a time: while a step (tool and arguments) of a chain runs, the same step of that chain is
+  refused (StepRunning), so a caller retrying too early does not run it twice; it is called again
+  once the first has ended, and then replays its result.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from dataclasses import asdict, dataclass
 from libs.errors import DomainError
 from services.tool_gateway.domain.registry import ToolSpec
 
-__all__ = ["DONE_OUTCOMES", "FRESH_OUTCOMES", "Chain", "ChainFull", "ChainStep", "RequiresUnmet", "check_requires",
-           "check_room", "chain_full", "kept_step", "step_key"]
+__all__ = ["DONE_OUTCOMES", "FRESH_OUTCOMES", "Chain", "ChainFull", "ChainStep", "RequiresUnmet", "StepRunning",
+           "check_requires", "check_room", "chain_full", "kept_step", "step_hold_seconds", "step_key", "step_running"]
 
 DONE_OUTCOMES = frozenset({"ok", "fallback", "replayed"})  # a step that answered a result
 FRESH_OUTCOMES = frozenset({"ok", "fallback"})  # a step whose backend answered anew (a new result)
@@ -40,6 +43,23 @@ def chain_full(chain_id: str, max_steps: int) -> ChainFull:
     return ChainFull(f"chain {chain_id!r} holds its {max_steps} steps already: no new step is kept", field="chain_id",
                      hint="start a new chain id for further steps (or repeat a step it holds); a chain expires a "
                           "while after its last step")
+
+
+class StepRunning(DomainError):
+    error_type = "step_running"
+    retryable = True
+
+
+def step_running(chain_id: str, tool: str) -> StepRunning:
+    return StepRunning(f"the same step of chain {chain_id!r} ({tool} with these arguments) is running now",
+                       field="chain_id", hint="wait for it to end (GetCall with the chain id), then call again: "
+                                              "a step that succeeded answers its kept result")
+
+
+def step_hold_seconds(spec: ToolSpec, deadline_seconds: float) -> float:
+    """How long a running step holds its chain's step: the call's deadline, else every attempt's timeout, plus a
+    margin. Past it (a gateway replica lost mid-call) the step may run again."""
+    return (deadline_seconds if deadline_seconds > 0 else spec.timeout_seconds * (spec.retries + 1)) + 30.0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from libs.errors import DomainError
 from libs.logs import get_logger
 from services.tool_gateway.domain import CallOutcome, CallRecord, ToolCall, ToolSpec, args_sha256, clean_result
 from services.tool_gateway.domain.calls import step_uri
-from services.tool_gateway.domain.chains import Chain, ChainStep, kept_step
+from services.tool_gateway.domain.chains import Chain, ChainStep, kept_step, step_key
 
 if TYPE_CHECKING:
     from services.tool_gateway.service_layer.pipeline import CallPorts
@@ -75,6 +75,13 @@ async def record_call(call: ToolCall, outcome: CallOutcome, ports: CallPorts) ->
         latency_ms=outcome.latency_ms, trace_id=call.trace_id, context=call.context,
         arguments=call.arguments if outcome.error is None else {}, served_by=outcome.served_by,
         attempts=outcome.attempts, chain_id=call.chain_id))
+    if call.chain_id and ports.chains is not None:  # the step's hold, if this call took it (else nothing)
+        try:
+            await ports.chains.release(tenant, p.subject, call.chain_id, step_key(call.name, arguments_hash),
+                                       outcome.call_id)
+        except Exception as exc:  # noqa: BLE001 - the hold then lapses after its time
+            log.warning("chain step hold not released", chain_id=call.chain_id, tool=call.name,
+                        error=repr(exc)[:200])
     if not call.chain_id or ports.chains is None or not (outcome.attempts > 0 or outcome.outcome in _CHAIN_STEPS):
         return
     # A replayed step only renews the chain (the store keeps the done step it replayed, and its first call);

@@ -35,7 +35,13 @@ from services.tool_gateway.domain import (
     validate_arguments,
 )
 from services.tool_gateway.domain.calls import args_sha256, step_uri
-from services.tool_gateway.domain.chains import check_requires, check_room
+from services.tool_gateway.domain.chains import (
+    check_requires,
+    check_room,
+    step_hold_seconds,
+    step_key,
+    step_running,
+)
 from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, arm_for, roll_back, rollback_reason
 from services.tool_gateway.service_layer.chain_steps import (
@@ -256,7 +262,13 @@ async def _check(call: ToolCall, spec: ToolSpec, call_id: str, started: float, p
         replayed = await replay(call, spec, call_id, chain, tenant, ports)
         if replayed is not None:
             return Admitted(call_id, spec, started, replayed=replayed)
-        check_room(chain, call.chain_id, spec.name, args_sha256(call.arguments), ports.chains.max_steps)
+        arguments_hash = args_sha256(call.arguments)
+        check_room(chain, call.chain_id, spec.name, arguments_hash, ports.chains.max_steps)
+        # Held until record_call, whatever the outcome (a refusal below included): released by this call id.
+        if not await ports.chains.claim(tenant, call.principal.subject, call.chain_id,
+                                        step_key(call.name, arguments_hash), call_id,
+                                        step_hold_seconds(spec, call.deadline_seconds)):
+            raise step_running(call.chain_id, call.name)
     else:
         check_requires(spec, "", None)
     return Admitted(call_id, spec, started, rollout, arm, await _admit(call, spec, ports))

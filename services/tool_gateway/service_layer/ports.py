@@ -144,6 +144,15 @@ class ChainStore(Protocol):
         replay does not) and renew the TTL; a new step past `max_steps` is not kept (ChainFull)."""
         ...
 
+    async def claim(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str, seconds: float) -> bool:
+        """Hold the chain's step `key` (step_key) for the call `owner` for at most `seconds`; False when another
+        call holds it."""
+        ...
+
+    async def release(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str) -> None:
+        """Let go of the step `key` if `owner` holds it (else nothing)."""
+        ...
+
 
 class TaskStore(Protocol):
     """The state of calls run as tasks, shared by every replica, for a TTL."""

@@ -1,4 +1,5 @@
-"""Content-based detection of passwords: the keyword is a word of its own, in English; any place in Chinese."""
+"""Content-based detection of passwords: an English keyword is a word of its own, or ends a longer name that a
+separator follows; a Chinese keyword counts anywhere."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from services.memory_writer.domain.sensitive import find_sensitive
     ("the passcode 9981", "the passcode [sensitive:password]"),
     ("银行卡密码是654321", "银行卡密码是[sensitive:password]"),
     ("登录口令为：qwe789", "登录口令为：[sensitive:password]"),
+    ("userPassword=hunter22", "userPassword=[sensitive:password]"),  # the end of a longer name, then a separator
+    ("rootPassword: Tr0ub4dor&3", "rootPassword: [sensitive:password]"),
+    ("DBPASSWORD=s3cr3t!", "DBPASSWORD=[sensitive:password]"),
+    ("newpassword: abc123", "newpassword: [sensitive:password]"),
+    ("mysqlpwd=abc123", "mysqlpwd=[sensitive:password]"),
+    ("wifipassword is hunter22", "wifipassword is [sensitive:password]"),
 ])
 def test_a_password_after_its_keyword_is_found_and_redacted(content: str, redacted: str) -> None:
     finding = find_sensitive("", content)

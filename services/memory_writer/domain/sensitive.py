@@ -30,10 +30,12 @@ _API_KEYS = re.compile(
     r"\b(?:sk-(?:proj-|live-|test-)?[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+)")
 _PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)")
-# An English keyword is a word of its own ("db_password=", "pwd:"), never letters inside another word
-# ("passwordless", a random "tiupepwdxyz"); Chinese keywords need no boundary.
+# An English keyword is a word of its own ("db_password=", "pwd:"), or the end of a longer name when a
+# separator follows it ("userPassword=", "mysqlpwd:", "wifipassword is"); never letters inside another
+# word ("passwordless", a random "tiupepwdxyz"). Chinese keywords need no boundary.
 _PASSWORD = re.compile(
-    r"(?i)(?:(?<![A-Za-z0-9])(?:password|passwd|passcode|pwd|pin code)(?![A-Za-z])|密码|口令|支付密码)"
+    r"(?i)(?:(?<![A-Za-z0-9])(?:password|passwd|passcode|pwd|pin code)(?![A-Za-z])"
+    r"|(?:password|passwd|passcode|pwd)(?=\s*(?:[=:：]|is\b|was\b))|密码|口令|支付密码)"
     r"\s*(?:is|was|[=:：]|是[:：]?|为[:：]?)?\s*(?P<value>[^\s，。,;；\"'“”]{3,})")
 _PHONE = re.compile(r"(?<!\d)(?:\+?86[ -]?)?1[3-9]\d(?:[ -]?\d){8}(?!\d)")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")

@@ -157,3 +157,41 @@ async def test_the_pool_never_sends_a_request_twice_and_drops_connections_idle_t
         await pool.aclose()
         server.close()
     assert (answered, connections) == (3, 3)
+
+
+async def test_the_pool_skips_interim_answers_and_holds_at_most_max_connections_at_a_time() -> None:
+    open_now, most = 0, 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            await writer.drain()
+        finally:
+            open_now -= 1
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = Http1Pool(f"http://127.0.0.1:{port}/mcp", max_connections=2)
+
+    async def one() -> tuple[int, bytes]:
+        async with pool.post(b"{}", {}) as response:
+            return response.status, await response.read()
+
+    try:
+        with anyio.fail_after(10):
+            answers = await asyncio.gather(*(one() for _ in range(6)))
+    finally:
+        await pool.aclose()
+        server.close()
+    assert answers == [(200, b"{}")] * 6 and most == 2
+    with pytest.raises(ProtocolError, match="closed"):  # a closed pool opens nothing more
+        async with pool.post(b"{}", {}):
+            pass

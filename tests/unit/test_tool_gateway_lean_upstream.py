@@ -37,6 +37,30 @@ async def test_lines_are_split_on_any_line_end_across_chunks() -> None:
     assert [line async for line in stream.lines()] == ["event: message", "data: x", ""]
 
 
+async def test_a_character_or_a_crlf_straddling_two_chunks_is_read_whole() -> None:
+    text = "data: 中文\r\n\r\n".encode()
+    cut = text.index("中".encode()) + 1  # inside the character's three bytes
+    crlf = text.index(b"\r\n") + 1  # between CR and LF
+    body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (text[:cut], text[cut:crlf], text[crlf:]))
+    stream = response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n")
+    assert [line async for line in stream.lines()] == ["data: 中文", ""]
+
+
+async def test_no_body_after_204_and_304_and_a_body_past_the_cap_is_a_protocol_error() -> None:
+    for status in (b"204 No Content", b"304 Not Modified"):
+        empty = response(b"HTTP/1.1 " + status + b"\r\n\r\nleft for the next answer")
+        assert await empty.read() == b"" and empty.complete
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"x" * 100)
+    reader.feed_eof()
+    big = _parse_head(reader, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", max_body_bytes=64)
+    with pytest.raises(ProtocolError, match="larger than 64 bytes"):
+        await big.read()
+    sized = _parse_head(reader, b"HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n", max_body_bytes=64)
+    with pytest.raises(ProtocolError, match="larger than 64 bytes"):
+        await sized.read()
+
+
 async def test_what_is_not_http_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError):
         response(b"SSH-2.0-OpenSSH\r\n\r\n")

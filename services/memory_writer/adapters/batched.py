@@ -79,7 +79,9 @@ class BatchBuffer:
     async def load(self, conn: asyncpg.Connection, lookups: Lookups) -> None:
         tenant_id = self.tenant_id
         # current_of's and find_identical's locks, all in one order for every writer (no deadlock between
-        # two batches): a key's writes are serialised, and so are identical contents across replicas.
+        # two batches; a batch isolated write by write takes them one at a time, and a deadlock it meets is
+        # aborted by PostgreSQL and retried): a key's writes are serialised, and so are identical contents
+        # across replicas.
         locks = [key_lock(tenant_id, u, k) for u, k in lookups.entity_keys] + \
             [digest_lock(tenant_id, u, layer, d) for u, layer, d in lookups.identical]
         if locks:

@@ -14,12 +14,15 @@ answer straight off the stream. Plain `http://` only; TLS upstreams go through t
 - A request is never sent twice: a connection that closes after the request went out, with no
   answer, is a ProtocolError, as a server crashing mid-call would be. The upstream may have run the
   tool; whether to call again is the gateway pipeline's decision (retry policy, status tool).
-- Bodies: `Content-Length`, `chunked`, or up to the connection's end.
+- Bodies: `Content-Length`, `chunked`, or up to the connection's end; none for 1xx, 204 and 304. A
+  body larger than `max_body_bytes` (32 MiB) is a ProtocolError. Interim 1xx answers are skipped.
+- At most `max_connections` (100) requests at a time; more wait for a connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -35,54 +38,100 @@ class ProtocolError(OSError):
 
 
 class Http1Response:
-    def __init__(self, reader: asyncio.StreamReader, status: int, headers: dict[str, str]) -> None:
+    def __init__(self, reader: asyncio.StreamReader, status: int, headers: dict[str, str],
+                 max_body_bytes: int = 32 << 20) -> None:
         self.status, self.headers, self._reader = status, headers, reader
         self.complete = False  # the body was read to its end
+        self.max_body_bytes = max_body_bytes
         length = headers.get("content-length")
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._length = int(length) if length is not None and not self._chunked else None
+        if status < 200 or status in (204, 304):
+            self._chunked, length = False, "0"
+        try:
+            self._length = int(length) if length is not None and not self._chunked else None
+        except ValueError:
+            raise ProtocolError(f"Content-Length {length[:40]!r} is not a number") from None
+
+    def _count(self, total: int) -> None:
+        if total > self.max_body_bytes:
+            raise ProtocolError(f"the answer is larger than {self.max_body_bytes} bytes")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        reader = self._reader
-        if self._chunked:
-            while True:
-                line = await reader.readuntil(b"\r\n")
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                        pass
-                    break
-                data = await reader.readexactly(size)
-                await reader.readexactly(2)
-                yield data
-        elif self._length is not None:
-            if self._length:
-                yield await reader.readexactly(self._length)
-        else:
-            while data := await reader.read(65_536):
-                yield data
+        reader, total = self._reader, 0
+        try:
+            if self._chunked:
+                while True:
+                    line = await reader.readuntil(b"\r\n")
+                    try:
+                        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                    except ValueError:
+                        raise ProtocolError("a chunk's size is not a hexadecimal number") from None
+                    if size == 0:
+                        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                            pass
+                        break
+                    total += size
+                    self._count(total)
+                    data = await reader.readexactly(size)
+                    await reader.readexactly(2)
+                    yield data
+            elif self._length is not None:
+                self._count(self._length)
+                if self._length:
+                    yield await reader.readexactly(self._length)
+            else:
+                while data := await reader.read(65_536):
+                    total += len(data)
+                    self._count(total)
+                    yield data
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            raise ProtocolError("the connection broke in the middle of the answer") from None
         self.complete = True
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
     async def lines(self) -> AsyncIterator[str]:
-        """The body's lines, decoded, without their line ends (CRLF, LF or CR)."""
-        pending = ""
+        """The body's lines, decoded as UTF-8 as they come (a character may straddle two chunks), without their
+        line ends (CRLF, LF or CR, a CRLF straddling two chunks included). Linear in the body's size."""
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        line: list[str] = []  # the pieces of the line not ended yet
+        cr = False  # the text so far ended with CR: its LF may come next
+
+        def split(text: str) -> list[str]:
+            nonlocal cr
+            if cr:
+                text, cr = "\r" + text, False
+            if text.endswith("\r"):
+                text, cr = text[:-1], True
+            return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
         async for chunk in self.chunks():
-            pending += chunk.decode()
-            *done, pending = pending.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-            for line in done:
-                yield line
-        if pending:
-            yield pending
+            try:
+                pieces = split(decoder.decode(chunk))
+            except UnicodeDecodeError:
+                raise ProtocolError("the answer is not UTF-8") from None
+            line.append(pieces[0])
+            if len(pieces) > 1:
+                yield "".join(line)
+                for ended in pieces[1:-1]:
+                    yield ended
+                line = [pieces[-1]]
+        try:
+            rest = decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise ProtocolError("the answer is not UTF-8") from None
+        line.append(rest)
+        if cr or any(line):
+            yield "".join(line)
 
 
 class Http1Pool:
     """Kept-alive connections to the origin of `url`; `post` sends to its path."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, *, connect_timeout: float = 10.0,
-                 max_idle: int = 64, idle_seconds: float = 2.0) -> None:
+                 max_idle: int = 64, idle_seconds: float = 2.0, max_connections: int = 100,
+                 max_body_bytes: int = 32 << 20) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"Http1Pool serves plain http:// URLs, not {url!r}")
@@ -93,6 +142,9 @@ class Http1Pool:
         self.connect_timeout, self.max_idle, self.idle_seconds = connect_timeout, max_idle, idle_seconds
         # (reader, writer, when it became idle), the most recently used last
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self.max_body_bytes = max_body_bytes
+        self.closed = False
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         now = time.monotonic()
@@ -125,19 +177,31 @@ class Http1Pool:
         head = (f"POST {self.target} HTTP/1.1\r\n{self._fixed}"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
                 + f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
-        reader, writer, raw = await self._send(head)
-        reuse = False
-        try:
-            response = _parse_head(reader, raw)
-            yield response
-            reuse = response.complete and response.headers.get("connection", "").lower() != "close"
-        finally:
-            if reuse and len(self._idle) < self.max_idle:
-                self._idle.append((reader, writer, time.monotonic()))
-            else:
-                writer.close()
+        if self.closed:
+            raise ProtocolError("the connection pool is closed")
+        async with self._slots:
+            reader, writer, raw = await self._send(head)
+            reuse = False
+            try:
+                response = _parse_head(reader, raw, self.max_body_bytes)
+                while 100 <= response.status < 200:  # interim answers (100 Continue, 103 Early Hints...)
+                    if response.status == 101:
+                        raise ProtocolError("the upstream switched protocols")
+                    try:
+                        raw = await reader.readuntil(b"\r\n\r\n")
+                    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                        raise ProtocolError("the connection closed before a final answer") from None
+                    response = _parse_head(reader, raw, self.max_body_bytes)
+                yield response
+                reuse = response.complete and response.headers.get("connection", "").lower() != "close"
+            finally:
+                if reuse and not self.closed and len(self._idle) < self.max_idle:
+                    self._idle.append((reader, writer, time.monotonic()))
+                else:
+                    writer.close()
 
     async def aclose(self) -> None:
+        self.closed = True  # a request still under way closes its connection when it ends
         idle, self._idle = self._idle, []
         for _, writer, _ in idle:
             writer.close()
@@ -146,7 +210,7 @@ class Http1Pool:
                 await writer.wait_closed()
 
 
-def _parse_head(reader: asyncio.StreamReader, raw: bytes) -> Http1Response:
+def _parse_head(reader: asyncio.StreamReader, raw: bytes, max_body_bytes: int = 32 << 20) -> Http1Response:
     if len(raw) > _MAX_HEADER_BYTES:
         raise ProtocolError("the response's headers are too long")
     status_line, *lines = raw.decode("latin-1").split("\r\n")
@@ -158,4 +222,4 @@ def _parse_head(reader: asyncio.StreamReader, raw: bytes) -> Http1Response:
         if line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-    return Http1Response(reader, int(rest[:3]), headers)
+    return Http1Response(reader, int(rest[:3]), headers, max_body_bytes)

@@ -230,6 +230,12 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
     record, linked to the memory it closely resembles, if any."""
     digest = _digest(record)
     existing = await uow.find_identical(record.tenant_id, record.user_id, int(record.layer), digest)
+    if existing is not None and record.idempotency_key:
+        # find_identical may have waited for a concurrent write of this content to commit: if that was this
+        # write under the same key (a retry sent twice), its result is the answer, not a merge into it.
+        first = await uow.find_by_idempotency_key(record.tenant_id, record.idempotency_key)
+        if first is not None:
+            return _retried(first, record)
     if existing is not None:
         kept = replace(existing, engagement=existing.engagement + 1.0, merged_count=existing.merged_count + 1,
                        tags=tuple(dict.fromkeys((*existing.tags, *record.tags))),

@@ -46,6 +46,18 @@ async def ports_with(*specs: ToolSpec) -> CallPorts:
     return ports
 
 
+async def slow_job() -> tuple[CallPorts, asyncio.Event]:
+    """Ports whose `slow.job` answers {"report": "ready"} once the returned event is set."""
+    ports = await ports_with(spec("slow.job", timeout_seconds=30))
+    release = asyncio.Event()
+
+    async def slow(arguments: dict) -> dict:
+        await release.wait()
+        return {"report": "ready"}
+    ports.backends.behaviours["slow.job"] = slow
+    return ports, release
+
+
 def hanging():
     never = asyncio.Event()
 
@@ -325,13 +337,7 @@ class MemoryTasks:
 
 
 async def test_a_task_answers_working_then_completed_with_the_calls_outcome() -> None:
-    ports = await ports_with(spec("slow.job", timeout_seconds=30))
-    release = asyncio.Event()
-
-    async def slow(arguments: dict) -> dict:
-        await release.wait()
-        return {"report": "ready"}
-    ports.backends.behaviours["slow.job"] = slow
+    ports, release = await slow_job()
     runner = TaskRunner(ports, MemoryTasks())
     started = await runner.start(call("slow.job"))
     assert (await runner.get(AGENT, started["task_id"]))["state"] == "working"
@@ -407,13 +413,7 @@ async def test_a_task_id_that_is_not_one_is_refused_naming_the_field(task_id: st
 
 
 async def test_a_task_answered_lost_stays_failed_when_its_replica_ends_it_later() -> None:
-    ports = await ports_with(spec("slow.job", timeout_seconds=30))
-    release = asyncio.Event()
-
-    async def slow(arguments: dict) -> dict:
-        await release.wait()
-        return {"report": "ready"}
-    ports.backends.behaviours["slow.job"] = slow
+    ports, release = await slow_job()
     store = MemoryTasks()
     runner = TaskRunner(ports, store)
     task_id = (await runner.start(call("slow.job")))["task_id"]

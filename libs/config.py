@@ -149,6 +149,9 @@ class Settings(BaseSettings):
                                                                          "step past them is refused chain_full)")
     tool_task_ttl_seconds: float = Field(86_400.0, gt=0, description="how long a task's state and result stay "
                                                                     "readable (GetTask, MCP tasks/get)")
+    tool_relay_timeout_seconds: float = Field(120.0, gt=0, le=3600, description="how long an upstream's "
+                                              "sampling or elicitation request relayed to the calling MCP client "
+                                              "waits for its answer")
     tool_tasks_per_caller: int = Field(16, ge=1, le=10_000, description="working tasks one caller (tenant and "
                                                                          "subject) may have at once")
     tool_task_lease_seconds: float = Field(15.0, gt=0, description="a working task whose replica has not renewed "

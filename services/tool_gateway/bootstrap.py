@@ -38,8 +38,10 @@ from services.tool_gateway.adapters.redis_state import (
     RedisResultStore,
 )
 from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
+from services.tool_gateway.adapters.relay_state import RedisLogLevels
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
 from services.tool_gateway.entrypoints import grpc_api, mcp_server, mcp_stdio
+from services.tool_gateway.entrypoints.mcp_relay import RelayAnswers
 from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 from services.tool_gateway.service_layer.tasks import TaskRunner
@@ -63,7 +65,11 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     cancels = RedisBroadcast(ctx.bus.redis, f"{channel}cancels")
     in_flight = InFlightCalls()
     cancels.subscribe(lambda message: in_flight.cancel(str(message.get("key", ""))))
-    ctx.tasks.extend([changes.broadcast.run, cancels.run])
+    # Clients' answers to relayed sampling and elicitation requests, to whichever replica waits for them.
+    relay_channel = RedisBroadcast(ctx.bus.redis, f"{channel}relay")
+    relay_answers = RelayAnswers(relay_channel)
+    relay_channel.subscribe(relay_answers.deliver)
+    ctx.tasks.extend([changes.broadcast.run, cancels.run, relay_channel.run])
     seen_upstream_tools: list[object] = [None]
 
     def upstream_tools_changed() -> None:
@@ -165,7 +171,9 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
                                   allowed_origins=settings.mcp_allowed_origins,
                                   experience=experience if settings.tool_list_experience else None,
                                   changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
-                                  tasks=tasks,
+                                  tasks=tasks, answers=relay_answers,
+                                  levels=RedisLogLevels(ctx.bus.redis, namespace),
+                                  relay_timeout=settings.tool_relay_timeout_seconds,
                                   resource_url=settings.mcp_resource_url,
                                   authorization_servers=tuple(a.strip() for a in
                                                               settings.mcp_authorization_servers.split(",")

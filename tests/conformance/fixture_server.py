@@ -4,7 +4,9 @@ server`), on the official SDK, federated by the gateway (without a name prefix) 
 
     python tests/conformance/fixture_server.py http <port>     # or: stdio
 
-Tools, resources and prompts are named and shaped as the scenarios describe them.
+Tools, resources and prompts are named and shaped as the scenarios describe them. Its log messages,
+sampling and elicitation requests ride the call's own stream (2025-11-25), or, on 2026-07-28, come as
+`input_required` results, so that a gateway in front of it can relay them to the calling client.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer, UserMessage
-from pydantic import BaseModel, Field
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 server = MCPServer("conformance-fixture")
 
@@ -78,23 +80,49 @@ async def test_tool_with_progress(ctx: Context) -> str:
     return "Progress test completed"
 
 
+def _modern(ctx: Context) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _asked(ctx: Context, key: str, request: types.CreateMessageRequest | types.ElicitRequest):
+    """2026-07-28 has no request mid-call: the answer to `request` from the retried call, or the
+    InputRequiredResult that asks for it (the client answers and calls again)."""
+    answer = (ctx.input_responses or {}).get(key)
+    return answer if answer is not None else types.InputRequiredResult(input_requests={key: request})
+
+
 @server.tool(description="Asks the client's LLM to answer a prompt.")
 async def test_sampling(prompt: str, ctx: Context) -> str:
-    result = await ctx.session.create_message(
-        messages=[types.SamplingMessage(role="user", content=types.TextContent(text=prompt))], max_tokens=100)
+    messages = [types.SamplingMessage(role="user", content=types.TextContent(text=prompt))]
+    if _modern(ctx):
+        result = _asked(ctx, "sample", types.CreateMessageRequest(
+            params=types.CreateMessageRequestParams(messages=messages, max_tokens=100)))
+        if isinstance(result, types.InputRequiredResult):
+            return result  # type: ignore[return-value] - the SDK passes it on as the 2026-07-28 wire wants
+    else:  # on the call's own stream, where a gateway relays it to its caller
+        result = await ctx.session.create_message(messages=messages, max_tokens=100, related_request_id=ctx.request_id)
     content = result.content
     return f"LLM response: {getattr(content, 'text', content)}"
 
 
-class _Contact(BaseModel):
-    username: str = Field(description="User's response")
-    email: str = Field(description="User's email address")
+async def _elicit(ctx: Context, message: str, schema: dict):
+    if _modern(ctx):
+        return _asked(ctx, "elicit", types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message=message, requested_schema=schema)))
+    return await ctx.request_context.session.elicit_form(message, schema, ctx.request_id)
+
+
+_CONTACT = {"type": "object", "properties": {"username": {"type": "string", "description": "User's response"},
+                                             "email": {"type": "string", "description": "User's email address"}},
+            "required": ["username", "email"]}
 
 
 @server.tool(description="Asks the user for a username and an email.")
 async def test_elicitation(message: str, ctx: Context) -> str:
-    result = await ctx.elicit(message, _Contact)
-    return f"User response: action={result.action}, content={getattr(result, 'data', None)}"
+    result = await _elicit(ctx, message, _CONTACT)
+    if isinstance(result, types.InputRequiredResult):
+        return result  # type: ignore[return-value]
+    return f"User response: action={result.action}, content={json.dumps(result.content)}"
 
 
 @server.tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features")
@@ -112,6 +140,12 @@ def static_text() -> str:
                  mime_type="image/png")
 def static_binary() -> bytes:
     return base64.b64decode(PNG)
+
+
+@server.resource("test://watched-resource", name="watched-resource", description="A resource to subscribe to.",
+                 mime_type="text/plain")
+def watched_resource() -> str:
+    return "Watched resource content."
 
 
 @server.resource("test://template/{id}/data", name="template-data", description="Data for an id.",
@@ -137,7 +171,9 @@ async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
         "score": {"type": "number", "default": 95.5},
         "status": {"type": "string", "enum": ["active", "inactive", "pending"], "default": "active"},
         "verified": {"type": "boolean", "default": True}}}
-    result = await ctx.request_context.session.elicit_form("Please review your details", schema, ctx.request_id)
+    result = await _elicit(ctx, "Please review your details", schema)
+    if isinstance(result, types.InputRequiredResult):
+        return result  # type: ignore[return-value]
     return f"Elicitation completed: action={result.action}, content={json.dumps(result.content)}"
 
 
@@ -154,7 +190,9 @@ async def test_elicitation_sep1330_enums(ctx: Context) -> str:
         "titledMulti": {"type": "array", "items": {"anyOf": [{"const": "value1", "title": "First Choice"},
                                                              {"const": "value2", "title": "Second Choice"},
                                                              {"const": "value3", "title": "Third Choice"}]}}}}
-    result = await ctx.request_context.session.elicit_form("Choose your options", schema, ctx.request_id)
+    result = await _elicit(ctx, "Choose your options", schema)
+    if isinstance(result, types.InputRequiredResult):
+        return result  # type: ignore[return-value]
     return f"Elicitation completed: action={result.action}, content={json.dumps(result.content)}"
 
 

@@ -5,7 +5,8 @@
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
-`grow` (adds a tool, announcing the change), `picture` (text and an image), and one with a name too long to expose as is; the resource
+`grow` (adds a tool, announcing the change), `picture` (text and an image), `ask_llm` (sampling),
+`ask_user` (elicitation), `chatty` (log messages), and one with a name too long to expose as is; the resource
 `fixture://motd`, the template `fixture://items/{item_id}` and the prompt `greet`.
 """
 
@@ -21,6 +22,7 @@ import anyio
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 server = MCPServer("upstream-fixture")
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
@@ -82,6 +84,49 @@ def long_name() -> dict[str, bool]:
 def picture() -> list[types.ContentBlock]:
     """A caption and a 1x1 PNG."""
     return [types.TextContent(text="a red dot"), types.ImageContent(data=PNG, mime_type="image/png")]
+
+
+def _asked(ctx: Context, request: types.CreateMessageRequest | types.ElicitRequest):
+    """2026-07-28: the answer from the retried call, or the input_required result asking for it."""
+    answer = (ctx.input_responses or {}).get("ask")
+    return answer if answer is not None else types.InputRequiredResult(input_requests={"ask": request})
+
+
+@server.tool()
+async def ask_llm(prompt: str, ctx: Context) -> dict[str, str]:
+    """Asks the client's LLM (sampling) and answers what it said."""
+    messages = [types.SamplingMessage(role="user", content=types.TextContent(text=prompt))]
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        result = _asked(ctx, types.CreateMessageRequest(
+            params=types.CreateMessageRequestParams(messages=messages, max_tokens=50)))
+        if isinstance(result, types.InputRequiredResult):
+            return result  # type: ignore[return-value]
+    else:
+        result = await ctx.session.create_message(messages=messages, max_tokens=50, related_request_id=ctx.request_id)
+    return {"said": getattr(result.content, "text", ""), "model": result.model}
+
+
+@server.tool()
+async def ask_user(question: str, ctx: Context) -> dict[str, str]:
+    """Asks the user (form elicitation) for a name and answers the action and the name."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        result = _asked(ctx, types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message=question, requested_schema=schema)))
+        if isinstance(result, types.InputRequiredResult):
+            return result  # type: ignore[return-value]
+    else:
+        result = await ctx.request_context.session.elicit_form(question, schema, ctx.request_id)
+    return {"action": result.action, "name": str((result.content or {}).get("name", ""))}
+
+
+@server.tool()
+async def chatty(ctx: Context) -> dict[str, bool]:
+    """Logs one message at each of debug, info and warning while it runs."""
+    await ctx.debug("chatty: debug")
+    await ctx.info("chatty: info")
+    await ctx.warning("chatty: warning")
+    return {"done": True}
 
 
 @server.resource("fixture://motd", name="motd", description="The message of the day.", mime_type="text/plain")

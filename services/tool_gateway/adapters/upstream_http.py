@@ -9,9 +9,15 @@ The answer is read as JSON or as an SSE stream; the SDK path stays for everythin
 resources, prompts, completions, listing, the liveness probe).
 
 On the way:
-- a `notifications/tools/list_changed` on the call's stream is passed on (`on_notice`); other
-  notifications are dropped (no progress was asked for); a request from the upstream (sampling,
-  elicitation, roots) is answered "method not found", the gateway having nothing to offer;
+- a `notifications/tools/list_changed` on the call's stream is passed on (`on_notice`); progress
+  goes to the caller's reporter and `notifications/message` to the caller's relay when it has them
+  (call_context), other notifications are dropped;
+- a request from the upstream on the call's stream (`sampling/createMessage`, `elicitation/create`)
+  is asked of the calling client through its relay and the answer (or the relay's JSON-RPC error)
+  POSTed back; without a relay -32021 (missing client capability); anything else (roots): "method
+  not found";
+- a 2026-07-28 upstream that answers `input_required` has its input requests asked of the client
+  the same way and the call retried with `inputResponses` and the echoed `requestState`;
 - a cancelled call (the caller went away, its deadline passed) closes the request's stream, which
   is how a 2026-07-28 upstream hears of it; a 2025-era upstream is also sent `notifications/cancelled`;
 - a JSON-RPC error answers `UpstreamRefused` (the manager maps it, as it maps the SDK's MCPError);
@@ -33,12 +39,27 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from libs.logs import get_logger
 from services.tool_gateway.adapters.http1 import Http1Pool, Http1Response
+from services.tool_gateway.service_layer.call_context import CallRelay, ProgressFn, RelayRefused
 
 __all__ = ["LeanHttpCaller", "SessionTracker", "UpstreamBroken", "UpstreamRefused"]
 
 log = get_logger(__name__)
 _METHOD_NOT_FOUND = -32601
+_MISSING_CAPABILITY = -32021
 _LIST_CHANGED = "notifications/tools/list_changed"
+LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # 2026-07-28: a request's opt-in to log messages
+RELAYED_REQUESTS = frozenset({"sampling/createMessage", "elicitation/create"})
+MAX_ROUNDS = 8  # input_required rounds of one call (2026-07-28)
+
+
+class _OneCall:
+    """One tools/call POST: its id, and where what the upstream sends beside the answer goes."""
+
+    __slots__ = ("request_id", "relay", "report", "asking")
+
+    def __init__(self, request_id: str, relay: CallRelay | None, report: ProgressFn | None) -> None:
+        self.request_id, self.relay, self.report = request_id, relay, report
+        self.asking: set[asyncio.Task] = set()  # the upstream's requests being asked of the client
 
 
 class UpstreamRefused(Exception):
@@ -81,22 +102,57 @@ class LeanHttpCaller:
             headers["mcp-session-id"] = self.session.session_id
         return headers
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The call's JSON-RPC `result` (a CallToolResult as the upstream sent it)."""
-        request_id = f"gw-{next(self._ids)}"  # never one of the SDK session's integer ids
+    async def call(self, tool: str, arguments: dict[str, Any], *, relay: CallRelay | None = None,
+                   report: ProgressFn | None = None) -> dict[str, Any]:
+        """The call's JSON-RPC `result` (a CallToolResult as the upstream sent it).
+
+        `relay`: the calling client, to which the upstream's log messages and requests go (and whose
+        answers come back); `report`: where its progress goes. A 2026-07-28 upstream that answers
+        `input_required` has its input requests asked of the client and the call retried with the
+        answers, up to MAX_ROUNDS times."""
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        for _ in range(MAX_ROUNDS):
+            result = await self._call_once(tool, params, relay, report)
+            if result.get("resultType") != "input_required" or relay is None:
+                return result
+            requests = result.get("inputRequests") or {}
+            answers: dict[str, Any] = {}
+            for key, request in (requests.items() if isinstance(requests, dict) else ()):
+                if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                    continue
+                try:
+                    answers[key] = await relay.ask(request["method"], request.get("params") or {})
+                except RelayRefused as exc:
+                    raise UpstreamRefused(f"the client could not answer {request['method']}: {exc.message}") from None
+            params = {"name": tool, "arguments": arguments, "inputResponses": answers}
+            if result.get("requestState") is not None:
+                params["requestState"] = result["requestState"]
+        raise UpstreamRefused(f"the upstream asked for input more than {MAX_ROUNDS} times")
+
+    async def _call_once(self, tool: str, params: dict[str, Any], relay: CallRelay | None,
+                         report: ProgressFn | None) -> dict[str, Any]:
+        request_id = f"gw-{next(self._ids)}"  # never one of the SDK session's integer ids
+        params = dict(params)
         headers = self._headers()
+        meta: dict[str, Any] = {}
+        if report is not None:
+            meta["progressToken"] = request_id
         if self.modern:
-            params["_meta"] = {"io.modelcontextprotocol/protocolVersion": self.protocol_version,
-                               "io.modelcontextprotocol/clientInfo": self.client_info,
-                               "io.modelcontextprotocol/clientCapabilities": {}}
+            meta.update({"io.modelcontextprotocol/protocolVersion": self.protocol_version,
+                         "io.modelcontextprotocol/clientInfo": self.client_info,
+                         "io.modelcontextprotocol/clientCapabilities": dict(relay.capabilities) if relay else {}})
+            if relay is not None:  # log delivery is a per-request opt-in; the relay filters by the caller's level
+                meta[LOG_LEVEL_META] = "debug"
             headers["mcp-method"] = "tools/call"
             headers["mcp-name"] = encode_header_value(tool)
+        if meta:
+            params["_meta"] = meta
         body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params},
                           separators=(",", ":"))
+        call = _OneCall(request_id, relay, report)
         try:
             async with self.http.post(body.encode(), headers) as response:
-                return await self._answer(response, request_id)
+                return await self._answer(response, call)
         except asyncio.CancelledError:
             if not self.modern:  # 2026-07-28: the closed stream says it; 2025: a notification does
                 self._later(self._post({"jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -104,12 +160,15 @@ class LeanHttpCaller:
             raise
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # ValueError: a malformed chunk size
             raise UpstreamBroken(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        finally:
+            for task in call.asking:  # the call ended: nobody waits for those answers any more
+                task.cancel()
 
-    async def _answer(self, response: Http1Response, request_id: str) -> dict[str, Any]:
+    async def _answer(self, response: Http1Response, call: _OneCall) -> dict[str, Any]:
         kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         if kind == "text/event-stream" and response.status == 200:
             async for message in _sse_messages(response):
-                answer = self._take(message, request_id)
+                answer = await self._take(message, call)
                 if answer is not None:
                     return answer
             raise UpstreamBroken("the upstream closed the call's stream without an answer")
@@ -120,30 +179,56 @@ class LeanHttpCaller:
             message = json.loads(content)
         except ValueError:
             message = None
-        answer = self._take(message, request_id) if isinstance(message, dict) else None
+        answer = await self._take(message, call) if isinstance(message, dict) else None
         if answer is None:
             raise UpstreamBroken(f"the upstream answered HTTP {response.status} ({kind or 'no body'})")
         return answer
 
-    def _take(self, message: Any, request_id: str) -> dict[str, Any] | None:
+    async def _take(self, message: Any, call: _OneCall) -> dict[str, Any] | None:
         """The call's result from `message` (raises its error); None when `message` is something else."""
         if not isinstance(message, dict):
             return None
         method = message.get("method")
         if method is not None:
-            if "id" in message:  # the upstream asks something of the client: nothing to offer
-                self._later(self._post({"jsonrpc": "2.0", "id": message["id"],
-                                        "error": {"code": _METHOD_NOT_FOUND, "message": "Method not found"}}))
+            params = message.get("params") if isinstance(message.get("params"), dict) else {}
+            if "id" in message:  # the upstream asks something of the client
+                if call.relay is not None and method in RELAYED_REQUESTS:
+                    task = asyncio.create_task(self._relay_request(call.relay, message["id"], method, params))
+                    call.asking.add(task)
+                    task.add_done_callback(call.asking.discard)
+                elif method in RELAYED_REQUESTS:  # a client the gateway cannot reach mid-call
+                    self._later(self._post({"jsonrpc": "2.0", "id": message["id"], "error": {
+                        "code": _MISSING_CAPABILITY, "message": "the calling client cannot be asked through the "
+                        "gateway (it has no 2025-11-25 session with the gateway, or it calls over gRPC)"}}))
+                else:
+                    self._later(self._post({"jsonrpc": "2.0", "id": message["id"],
+                                            "error": {"code": _METHOD_NOT_FOUND, "message": "Method not found"}}))
             elif method == _LIST_CHANGED and self.on_notice is not None:
                 self.on_notice(method)
+            elif method == "notifications/message" and call.relay is not None:
+                await call.relay.log(params)
+            elif (method == "notifications/progress" and call.report is not None
+                  and params.get("progressToken") == call.request_id):
+                with contextlib.suppress(TypeError, ValueError):
+                    await call.report(float(params.get("progress", 0)),
+                                      None if params.get("total") is None else float(params["total"]),
+                                      params.get("message"))
             return None
-        if message.get("id") != request_id:
+        if message.get("id") != call.request_id:
             return None
         if "error" in message:
             error = message["error"] if isinstance(message["error"], dict) else {}
             raise UpstreamRefused(str(error.get("message", "error"))[:200])
         result = message.get("result")
         return result if isinstance(result, dict) else {}
+
+    async def _relay_request(self, relay: CallRelay, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        """Ask the client, answer the upstream (its result or a JSON-RPC error)."""
+        try:
+            answer: dict[str, Any] = {"result": await relay.ask(method, params)}
+        except RelayRefused as exc:
+            answer = {"error": {"code": exc.code, "message": exc.message}}
+        await self._post({"jsonrpc": "2.0", "id": request_id, **answer})
 
     def _later(self, coro) -> None:
         task = asyncio.create_task(coro)

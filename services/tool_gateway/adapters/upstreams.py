@@ -23,6 +23,7 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from libs.errors import NotFound, Unavailable
@@ -40,7 +41,7 @@ from services.tool_gateway.domain import BackendFailed, ToolSpec
 from services.tool_gateway.domain.content import MEDIA_KEY
 from services.tool_gateway.domain.naming import exposed_name
 from services.tool_gateway.domain.upstream import UpstreamConfig, UpstreamStatus, load_upstreams
-from services.tool_gateway.service_layer.call_context import progress_reporter
+from services.tool_gateway.service_layer.call_context import call_relay, progress_reporter
 
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
@@ -248,6 +249,15 @@ class UpstreamManager:
     async def read_resource(self, upstream: str, uri: str) -> types.ReadResourceResult:
         return await self._client(upstream).read_resource(uri)
 
+    async def subscribe(self, upstream: str, uri: str, on: bool) -> None:
+        """(Un)subscribe to one of the upstream's resources when it serves `resources/subscribe` (a 2025-era
+        connection that declares subscriptions); otherwise nothing (2026-07-28 has subscriptions/listen instead)."""
+        client = self._client(upstream)
+        resources = client.server_capabilities.resources if client.server_capabilities else None
+        if resources is None or not resources.subscribe or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        await (client.subscribe_resource(uri) if on else client.unsubscribe_resource(uri))
+
     async def get_prompt(self, upstream: str, name: str, arguments: dict[str, str]) -> types.GetPromptResult:
         return await self._client(upstream).get_prompt(name, arguments)
 
@@ -265,9 +275,11 @@ class UpstreamManager:
         if conn.client is None or self.status[upstream].state != "up":
             raise Unavailable(f"the upstream {upstream!r} is down ({self.status[upstream].reason or 'connecting'})",
                               hint="retry with backoff; the gateway is reconnecting it")
-        report = progress_reporter()
-        if conn.lean is not None and report is None:  # a plain call: one POST (upstream_http.py)
-            return await self._lean_call(upstream, conn, conn.lean, tool, arguments)
+        report, relay = progress_reporter(), call_relay()
+        if conn.lean is not None and (report is None or relay is not None):  # one POST (upstream_http.py)
+            # With a relay, the upstream's log messages, progress and requests (sampling, elicitation)
+            # made on the call's stream go to the calling client; stdio and TLS upstreams relay progress only.
+            return await self._lean_call(upstream, conn, conn.lean, tool, arguments, relay, report)
         try:
             # Progress the upstream reports is relayed to the caller (when it asked for it); a call
             # cancelled here (the caller went away) makes the SDK client send the upstream
@@ -283,9 +295,9 @@ class UpstreamManager:
         return _result(result)
 
     async def _lean_call(self, upstream: str, conn: _Connection, lean: LeanHttpCaller, tool: str,
-                         arguments: dict[str, Any]) -> dict[str, Any]:
+                         arguments: dict[str, Any], relay=None, report=None) -> dict[str, Any]:
         try:
-            raw = await lean.call(tool, arguments)
+            raw = await lean.call(tool, arguments, relay=relay, report=report)
         except UpstreamRefused as exc:
             raise _refused(exc.message) from None
         except UpstreamBroken as exc:

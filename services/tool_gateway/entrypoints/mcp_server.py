@@ -48,6 +48,8 @@ from services.tool_gateway.entrypoints.mcp_fast import FastCalls
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
+from services.tool_gateway.entrypoints.mcp_relay import LocalLogLevels, LogLevels, RelayAnswers, RelayCalls
+from services.tool_gateway.entrypoints.mcp_subscribe import session_handlers
 from services.tool_gateway.entrypoints.mcp_tasks import TaskMiddleware, task_handlers
 from services.tool_gateway.entrypoints.mcp_tasks import capabilities as task_capabilities
 from services.tool_gateway.entrypoints.mcp_sessions import (
@@ -58,7 +60,7 @@ from services.tool_gateway.entrypoints.mcp_sessions import (
     cancel_key,
 )
 from services.tool_gateway.service_layer import experience, handlers, pipeline
-from services.tool_gateway.service_layer.call_context import reporting_progress
+from services.tool_gateway.service_layer.call_context import progress_reporter, reporting_progress
 from services.tool_gateway.service_layer.pipeline import CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 from services.tool_gateway.service_layer.tasks import TaskRunner
@@ -213,7 +215,7 @@ async def answer_call(ports: CallPorts, caller: Principal | None, params: types.
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
                  experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
                  changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None,
-                 tasks: TaskRunner | None = None) -> Server:
+                 tasks: TaskRunner | None = None, levels: LogLevels | None = None) -> Server:
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
     `experience_store`: when given, tools/list appends each tool's experience note to its description;
     `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
@@ -257,6 +259,9 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
+    for method, (params_type, handler) in session_handlers(
+            lambda ctx: _caller(ctx, local_principal), levels or LocalLogLevels(), upstreams).items():
+        server.add_request_handler(method, params_type, handler)
     if tasks is not None:
         def caller_of(ctx: ServerRequestContext) -> Principal | None:
             return _caller(ctx, local_principal)
@@ -289,8 +294,11 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
              changes: SubscriptionBus | None = None, cancels: CancelPublisher | None = None,
              in_flight: InFlightCalls | None = None, resource_url: str = "",
              authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None,
-             tasks: TaskRunner | None = None) -> ASGIApp:
-    """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks,
+             tasks: TaskRunner | None = None, answers: RelayAnswers | None = None,
+             levels: LogLevels | None = None, relay_timeout: float = 120.0) -> ASGIApp:
+    """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks, the
+    relaying of upstreams' log messages and requests to 2025-era sessions (mcp_relay: `answers` routes
+    the clients' answers across replicas, `levels` keeps their logging levels), the lean call path,
     stateless sessions (cancellation, the GET stream), then the SDK.
 
     DNS rebinding protection is always on, whatever the bind address (a container binds 0.0.0.0
@@ -299,8 +307,9 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     the loopback origins or `allowed_origins`.
     """
     in_flight = in_flight or InFlightCalls()
+    levels = levels or LocalLogLevels()
     server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes,
-                          upstreams=upstreams, tasks=tasks)
+                          upstreams=upstreams, tasks=tasks, levels=levels)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
@@ -308,7 +317,13 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes)
     fast = FastCalls(sessions, server, functools.partial(answer_call, ports, in_flight=in_flight), path=PATH,
                      security=security, in_flight=in_flight)
+
+    async def answer_reporting(caller, params, *, cancel=None):
+        return await answer_call(ports, caller, params, in_flight=in_flight, cancel=cancel, report=progress_reporter())
+
+    relay = RelayCalls(fast, server, answer_reporting, path=PATH, security=security, in_flight=in_flight,
+                       answers=answers or RelayAnswers(), levels=levels, timeout=relay_timeout)
     metadata = ProtectedResourceMetadata(PATH, resource_url=resource_url, authorization_servers=authorization_servers,
                                          scopes=(LIST_SCOPE, CALL_SCOPE))
-    return metadata.wrap(BearerAuth(JsonRpcGuard(fast), verifier, required_scope=LIST_SCOPE,
+    return metadata.wrap(BearerAuth(JsonRpcGuard(relay), verifier, required_scope=LIST_SCOPE,
                                     resource_metadata=metadata.url_for))

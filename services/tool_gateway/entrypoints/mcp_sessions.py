@@ -12,6 +12,8 @@ found". The id is used for:
 - the GET stream: server-initiated notifications (`notifications/tools/list_changed` and the
   prompts and resources ones, since prompts and guides follow the tools) from any replica, over
   the shared change bus. Nothing is replayed: a client that reconnects lists again;
+- relaying: what the client declared at `initialize` that the gateway can relay to it (sampling,
+  elicitation) rides in the id itself (`<hex>-<flags>`, session_for), read back by mcp_relay;
 - DELETE: answered 204, there being nothing to drop.
 
 On the 2026-07-28 wire none of this is needed: a request is cancelled by closing its stream,
@@ -37,7 +39,7 @@ from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["NOTICE_METHODS", "SESSION_HEADER", "CancelPublisher", "ChangeFeed", "InFlightCalls", "StatelessSessions",
-           "cancel_key"]
+           "cancel_key", "capabilities_of_session", "session_for"]
 
 log = get_logger(__name__)
 SESSION_HEADER = "mcp-session-id"
@@ -45,6 +47,27 @@ PING_SECONDS = 15.0  # a comment line this often keeps proxies from closing an i
 NOTICE_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_changed",
                              PromptsListChanged: "notifications/prompts/list_changed",
                              ResourcesListChanged: "notifications/resources/list_changed"}
+
+
+_FLAGS = {"s": "sampling", "e": "elicitation"}
+
+
+def session_for(capabilities: Any) -> str:
+    """A new session id carrying what the client declared that can be relayed (`<hex>` or `<hex>-<flags>`)."""
+    declared = capabilities if isinstance(capabilities, dict) else {}
+    flags = "".join(flag for flag, name in _FLAGS.items() if isinstance(declared.get(name), dict))
+    return f"{uuid.uuid4().hex}-{flags}" if flags else uuid.uuid4().hex
+
+
+def capabilities_of_session(session: str) -> dict[str, Any]:
+    """What `session_for` put in the id, as MCP client capabilities (a forged id only misleads its own calls)."""
+    _, _, flags = session.partition("-")
+    caps: dict[str, Any] = {}
+    if "s" in flags:
+        caps["sampling"] = {}
+    if "e" in flags:
+        caps["elicitation"] = {"form": {}}
+    return caps
 
 
 def cancel_key(principal: Principal, session_id: str, request_id: Any) -> str:
@@ -133,7 +156,7 @@ class StatelessSessions:
             await Response(status_code=202)(scope, receive, send)
             return
         if message.get("method") == "initialize" and "id" in message and not session:
-            new_session = uuid.uuid4().hex
+            new_session = session_for((message.get("params") or {}).get("capabilities"))
 
             async def send_with_session(msg: Message) -> None:
                 if msg["type"] == "http.response.start" and msg["status"] == 200:

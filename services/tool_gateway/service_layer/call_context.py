@@ -1,4 +1,5 @@
-"""What travels with one call beside its arguments: where the backend's progress reports go.
+"""What travels with one call beside its arguments: where the backend's progress reports go, and the
+calling client an upstream's log messages and requests (sampling, elicitation) are relayed to.
 
 A contextvar rather than a parameter of the pipeline: progress is a side channel between the
 entry point that has a caller to report to (MCP, when the request carried a progress token) and
@@ -11,8 +12,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
+from typing import Any, Protocol
 
-__all__ = ["ProgressFn", "progress_reporter", "reporting_progress"]
+__all__ = ["CallRelay", "ProgressFn", "RelayRefused", "call_relay", "progress_reporter", "relaying",
+           "reporting_progress"]
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 """`(progress, total, message)`, as MCP progress notifications carry them."""
@@ -32,3 +35,44 @@ def reporting_progress(report: ProgressFn | None) -> Iterator[None]:
         yield
     finally:
         _reporter.reset(token)
+
+
+class RelayRefused(Exception):
+    """The calling client cannot answer an upstream's request (no capability, no back-channel, no answer in
+    time, or it answered with an error): the upstream is answered this JSON-RPC error instead."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class CallRelay(Protocol):
+    """The calling client, as an upstream serving its call sees it (mcp_relay.ClientRelay)."""
+
+    capabilities: dict[str, Any]
+    """What the client declared that the gateway can relay (`sampling`, `elicitation`), as MCP spells it."""
+
+    async def log(self, params: dict[str, Any]) -> None:
+        """Pass an upstream's `notifications/message` params on (the relay filters by the caller's level)."""
+        ...
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask the client (`sampling/createMessage`, `elicitation/create`); its result, or RelayRefused."""
+        ...
+
+
+_relay: ContextVar[CallRelay | None] = ContextVar("tool_call_relay", default=None)
+
+
+def call_relay() -> CallRelay | None:
+    """The current call's client, when its entry point can relay to it (None: nothing is relayed)."""
+    return _relay.get()
+
+
+@contextlib.contextmanager
+def relaying(relay: CallRelay | None) -> Iterator[None]:
+    token = _relay.set(relay)
+    try:
+        yield
+    finally:
+        _relay.reset(token)

@@ -19,7 +19,9 @@ PASSING = {"server-initialize", "ping", "tools-list", "tools-call-simple-text", 
            "tools-call-with-progress", "resources-list", "resources-read-text", "resources-read-binary",
            "resources-templates-read", "prompts-list", "prompts-get-simple", "prompts-get-with-args",
            "prompts-get-embedded-resource", "prompts-get-with-image", "completion-complete",
-           "server-sse-multiple-streams", "dns-rebinding-protection"}
+           "server-sse-multiple-streams", "dns-rebinding-protection", "logging-set-level",
+           "tools-call-with-logging", "tools-call-sampling", "tools-call-elicitation", "elicitation-sep1034-defaults",
+           "elicitation-sep1330-enums", "resources-subscribe", "resources-unsubscribe"}
 
 
 def test_the_conformance_scenarios_the_readme_lists_as_passing_pass_through_the_gateway(tmp_path: Path) -> None:

@@ -67,19 +67,22 @@ async def sample(context, params: types.CreateMessageRequestParams) -> types.Cre
 async def test_upstream_log_messages_reach_the_caller_at_the_level_it_set(
     two_processes: tuple[Gateway, list[int]]  # noqa: F811
 ) -> None:
-    gw, _ = two_processes
+    gw, ports = two_processes
+    balancer = RoundRobin(ports)
     logged: list[tuple[str, object]] = []
 
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         logged.append((params.level, params.data))
 
-    async with client_of(gw, logging_callback=on_log) as client:
+    async with client_of(gw, transport=balancer, logging_callback=on_log) as client:
         result = await client.call_tool("rm.chatty", {})
         everything = list(logged)
         logged.clear()
         await client.set_logging_level("info")  # reaches one process; the other reads it from Redis
+        before = len(balancer.calls)
         for _ in range(2):  # one call on each process
             await client.call_tool("rm.chatty", {})
+    assert set(list(balancer.calls.values())[before:]) == set(ports)
     assert result.structured_content == {"done": True}
     assert everything == [("debug", "chatty: debug"), ("info", "chatty: info"), ("warning", "chatty: warning")]
     assert logged == [("info", "chatty: info"), ("warning", "chatty: warning")] * 2

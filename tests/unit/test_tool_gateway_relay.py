@@ -1,0 +1,145 @@
+"""Relaying to the calling client, with fakes: the session id's capability flags, the answer routing by
+key (another caller's answer reaches nothing), the timeout, the log level filter, and the lean upstream
+caller handing an upstream's request mid-call (2025-era) to the relay and POSTing the answer back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import pytest
+
+from libs.auth import Principal
+from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, _OneCall
+from services.tool_gateway.entrypoints.mcp_relay import ClientRelay, LocalLogLevels, RelayAnswers, level_key
+from services.tool_gateway.entrypoints.mcp_sessions import cancel_key, capabilities_of_session, session_for
+from services.tool_gateway.service_layer.call_context import RelayRefused
+
+ALICE = Principal(subject="alice", tenant_id="acme", scopes=frozenset({"tools:*"}))
+BOB = Principal(subject="bob", tenant_id="acme", scopes=frozenset({"tools:*"}))
+
+
+def test_the_session_id_carries_the_declared_capabilities() -> None:
+    both = session_for({"sampling": {}, "elicitation": {"form": {}}, "roots": {}})
+    assert capabilities_of_session(both) == {"sampling": {}, "elicitation": {"form": {}}}
+    assert capabilities_of_session(session_for({"elicitation": {}})) == {"elicitation": {"form": {}}}
+    plain = session_for({})
+    assert "-" not in plain and capabilities_of_session(plain) == {}
+    assert session_for({"sampling": {}}) != session_for({"sampling": {}})
+
+
+def relay_of(principal: Principal, session: str, answers: RelayAnswers, *, timeout: float = 5.0,
+             levels: LocalLogLevels | None = None) -> tuple[ClientRelay, list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+
+    async def emit(payload: dict[str, Any]) -> None:
+        sent.append(payload)
+
+    return ClientRelay(emit, answers, principal, session, levels or LocalLogLevels(), timeout), sent
+
+
+async def test_only_the_asking_callers_answer_reaches_the_waiting_request() -> None:
+    answers = RelayAnswers()
+    session = session_for({"sampling": {}})
+    relay, sent = relay_of(ALICE, session, answers)
+    asking = asyncio.create_task(relay.ask("sampling/createMessage", {"maxTokens": 5}))
+    while not sent:
+        await asyncio.sleep(0.01)
+    request = sent[0]
+    assert request["method"] == "sampling/createMessage" and request["id"].startswith("mnemesh-relay-")
+    await answers.publish(cancel_key(BOB, session, request["id"]), {"result": {"model": "bob's"}})
+    await answers.publish(cancel_key(ALICE, "another-session", request["id"]), {"result": {"model": "other"}})
+    await asyncio.sleep(0.05)
+    assert not asking.done()
+    await answers.publish(cancel_key(ALICE, session, request["id"]), {"result": {"model": "alice's"}})
+    assert await asking == {"model": "alice's"}
+
+
+async def test_an_unanswered_request_times_out_and_an_error_answer_is_refused() -> None:
+    answers = RelayAnswers()
+    session = session_for({"elicitation": {}})
+    relay, sent = relay_of(ALICE, session, answers, timeout=0.1)
+    with pytest.raises(RelayRefused) as late:
+        await relay.ask("elicitation/create", {"message": "?"})
+    assert late.value.code == -32001
+    relay, sent = relay_of(ALICE, session, answers)
+    asking = asyncio.create_task(relay.ask("elicitation/create", {"message": "?"}))
+    while not sent:
+        await asyncio.sleep(0.01)
+    await answers.publish(cancel_key(ALICE, session, sent[0]["id"]), {"error": {"code": -1, "message": "no"}})
+    with pytest.raises(RelayRefused) as refused:
+        await asking
+    assert (refused.value.code, refused.value.message) == (-1, "no")
+
+
+async def test_a_client_without_the_capability_is_never_asked() -> None:
+    relay, sent = relay_of(ALICE, session_for({"elicitation": {}}), RelayAnswers())
+    with pytest.raises(RelayRefused) as refused:
+        await relay.ask("sampling/createMessage", {})
+    assert refused.value.code == -32021 and "sampling" in refused.value.message and not sent
+
+
+async def test_log_messages_below_the_sessions_level_are_dropped() -> None:
+    levels = LocalLogLevels()
+    session = session_for({})
+    await levels.set(level_key(ALICE, session), "warning")
+    relay, sent = relay_of(ALICE, session, RelayAnswers(), levels=levels)
+    for level in ("debug", "info", "warning", "error"):
+        await relay.log({"level": level, "data": level})
+    assert [m["params"]["level"] for m in sent] == ["warning", "error"]
+    relay, sent = relay_of(BOB, session, RelayAnswers(), levels=levels)  # another caller: its own level (none)
+    await relay.log({"level": "debug", "data": "x"})
+    assert len(sent) == 1
+
+
+class _Response:
+    async def read(self) -> bytes:
+        return b""
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+
+    @contextlib.asynccontextmanager
+    async def post(self, body: bytes, headers: dict[str, str]):
+        self.posted.append(json.loads(body))
+        yield _Response()
+
+
+class _Relay:
+    capabilities = {"sampling": {}}
+
+    def __init__(self) -> None:
+        self.logged: list[dict[str, Any]] = []
+
+    async def log(self, params: dict[str, Any]) -> None:
+        self.logged.append(params)
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        if method != "sampling/createMessage":
+            raise RelayRefused(-32021, "not declared")
+        return {"model": "m", "role": "assistant", "content": {"type": "text", "text": "hi"}}
+
+
+async def test_the_lean_caller_relays_an_upstreams_requests_and_log_messages_mid_call() -> None:
+    pool = _Pool()
+    lean = LeanHttpCaller(pool, "2025-11-25", SessionTracker(), client_info={"name": "gw", "version": "0"})  # type: ignore[arg-type]
+    relay = _Relay()
+    call = _OneCall("gw-1", relay, None)
+    assert await lean._take({"jsonrpc": "2.0", "method": "notifications/message",
+                             "params": {"level": "info", "data": "working"}}, call) is None
+    await lean._take({"jsonrpc": "2.0", "id": 7, "method": "sampling/createMessage", "params": {}}, call)
+    await lean._take({"jsonrpc": "2.0", "id": 8, "method": "elicitation/create", "params": {}}, call)
+    await asyncio.gather(*call.asking)
+    assert relay.logged == [{"level": "info", "data": "working"}]
+    assert {m["id"]: m.get("result", m.get("error")) for m in pool.posted} == {
+        7: {"model": "m", "role": "assistant", "content": {"type": "text", "text": "hi"}},
+        8: {"code": -32021, "message": "not declared"}}
+    alone = _OneCall("gw-2", None, None)  # a call nobody can be asked for: -32021, not "method not found"
+    await lean._take({"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage", "params": {}}, alone)
+    await asyncio.gather(*lean._background)
+    assert pool.posted[-1]["id"] == 9 and pool.posted[-1]["error"]["code"] == -32021
+    assert await lean._take({"jsonrpc": "2.0", "id": "gw-2", "result": {"content": []}}, alone) == {"content": []}

@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 import httpx
+from mcp.shared.subscriptions import ResourceUpdated
 from redis.exceptions import RedisError
 
 from libs.auth import Principal, service_token
@@ -38,7 +39,7 @@ from services.tool_gateway.adapters.redis_state import (
     RedisResultStore,
 )
 from services.tool_gateway.adapters.upstream_store import PostgresUpstreams
-from services.tool_gateway.adapters.relay_state import RedisLogLevels
+from services.tool_gateway.adapters.relay_state import RedisLogLevels, RedisSubscribed
 from services.tool_gateway.adapters.upstreams import UpstreamManager, load_upstreams
 from services.tool_gateway.entrypoints import grpc_api, mcp_server, mcp_stdio
 from services.tool_gateway.entrypoints.mcp_relay import RelayAnswers
@@ -88,7 +89,14 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
         except (*TRANSIENT_ERRORS, RedisError) as exc:  # clients miss one notice; they still list afresh
             log.warning("tool-list change not announced", error=type(exc).__name__)
 
-    upstreams = UpstreamManager(on_change=upstream_tools_changed)
+    async def upstream_resource_updated(uri: str) -> None:
+        """An upstream's `notifications/resources/updated`: to the subscribed sessions of every replica."""
+        try:
+            await changes.publish(ResourceUpdated(uri=uri))
+        except (*TRANSIENT_ERRORS, RedisError) as exc:
+            log.warning("resource update not broadcast", error=type(exc).__name__)
+
+    upstreams = UpstreamManager(on_change=upstream_tools_changed, on_resource_updated=upstream_resource_updated)
     ctx.closers.append(upstreams.close)  # stops every upstream process
     if settings.tool_upstreams_file:
         for config in load_upstreams(Path(settings.tool_upstreams_file).read_text()):
@@ -173,6 +181,7 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
                                   changes=changes, cancels=cancels, in_flight=in_flight, upstreams=upstreams,
                                   tasks=tasks, answers=relay_answers,
                                   levels=RedisLogLevels(ctx.bus.redis, namespace),
+                                  subscribed=RedisSubscribed(ctx.bus.redis, namespace),
                                   relay_timeout=settings.tool_relay_timeout_seconds,
                                   resource_url=settings.mcp_resource_url,
                                   authorization_servers=tuple(a.strip() for a in

@@ -7,6 +7,7 @@ speak 2025-11-25 (mode "legacy"), the revision with requests from server to clie
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,12 +16,15 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from test_gateway_replicas import RoundRobin, two_processes  # noqa: F401 - fixtures
-from test_gateway_upstreams import http_upstream  # noqa: F401 - fixtures
-from test_mcp import Gateway
+import test_mcp
+from test_gateway_replicas import RoundRobin, gateway_process, two_processes  # noqa: F401 - fixtures
+from test_gateway_upstreams import http_upstream, wait_answers  # noqa: F401 - fixtures
+from test_mcp import Gateway, gateway_settings
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+
+from mnemesh.infra import free_port
 
 pytestmark = [pytest.mark.integration,  # logging, sampling and subscribing are deprecated in 2026-07-28, still in 2025-11-25
               pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
@@ -47,13 +51,13 @@ class AnswersElsewhere(RoundRobin):
 
 
 @contextlib.asynccontextmanager
-async def client_of(gw: Gateway, transport: httpx2.AsyncBaseTransport | None = None,
+async def client_of(gw: Gateway, transport: httpx2.AsyncBaseTransport | None = None, tool: str = "rm.ask_llm",
                     **callbacks) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {gw.token('tools:*')}"}
     async with (httpx2.AsyncClient(headers=headers, transport=transport, timeout=httpx2.Timeout(10, read=30)) as http,
                 Client(streamable_http_client(gw.url, http_client=http), mode="legacy", **callbacks) as client):
         with anyio.fail_after(30):
-            while "rm.ask_llm" not in {t.name for t in (await client.list_tools()).tools}:
+            while tool not in {t.name for t in (await client.list_tools()).tools}:
                 await anyio.sleep(0.1)
         yield client
 
@@ -150,3 +154,67 @@ async def test_resource_subscriptions_round_trip(two_processes: tuple[Gateway, l
     assert isinstance(subscribed, types.EmptyResult) and isinstance(templated, types.EmptyResult)
     assert isinstance(unsubscribed, types.EmptyResult)
     assert "no resource fixture://nothing-here" in unknown.value.error.message
+
+
+@pytest.fixture
+async def legacy_upstream(redis_url: str, database_url: str, tmp_path,
+                          http_upstream: str) -> AsyncIterator[tuple[Gateway, list[int]]]:  # noqa: F811
+    """Two gateway processes federating the upstream over the 2025-11-25 handshake (`"mode": "legacy"`)."""
+    await wait_answers(http_upstream)
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"upstreams": [{"name": "old", "url": http_upstream, "prefix": "old",
+                                                 "mode": "legacy"}]}))
+    first = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
+    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
+    try:
+        async with (gateway_process(first, "first", tmp_path), gateway_process(second, "second", tmp_path)):
+            yield Gateway(first, asyncio.Event(), None), [first.mcp_http_port, second.mcp_http_port]  # type: ignore[arg-type]
+    finally:
+        await test_mcp.drop_namespace(first)
+
+
+async def test_a_2025_era_upstream_asks_on_the_calls_stream_and_hears_the_answer(
+    legacy_upstream: tuple[Gateway, list[int]]
+) -> None:
+    gw, ports = legacy_upstream
+    balancer = AnswersElsewhere(ports)
+
+    async def elicit(context, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="decline")
+
+    async with client_of(gw, transport=balancer, tool="old.ask_llm", sampling_callback=sample,
+                         elicitation_callback=elicit) as client:
+        sampled = await client.call_tool("old.ask_llm", {"prompt": "old times"})
+        declined = await client.call_tool("old.ask_user", {"question": "Who?"})
+    assert sampled.structured_content == {"said": "you said old times", "model": "test-model"}
+    assert declined.structured_content == {"action": "decline", "name": ""}
+    assert len(balancer.answers) == 2 and all(call != answer for call, answer in balancer.answers)
+
+
+async def test_resource_updates_reach_the_sessions_that_subscribed(legacy_upstream: tuple[Gateway, list[int]]) -> None:
+    gw, ports = legacy_upstream
+    updates: list[str] = []
+    heard = anyio.Event()
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+            if str(message.params.uri) == "fixture://motd":
+                heard.set()
+
+    async with client_of(gw, transport=RoundRobin(ports), tool="old.touch", message_handler=on_message) as client:
+        await client.subscribe_resource("fixture://motd")
+        touched = await client.call_tool("old.touch", {"uri": "fixture://items/1"})  # not subscribed to
+        for _ in range(20):  # the GET stream may open after the first touch: touch until one is heard
+            await client.call_tool("old.touch", {"uri": "fixture://motd"})
+            with anyio.move_on_after(0.5):
+                await heard.wait()
+                break
+        await client.unsubscribe_resource("fixture://motd")
+        heard_before = len(updates)
+        after = await client.call_tool("old.touch", {"uri": "fixture://motd"})
+        await anyio.sleep(1)  # an absence: give a stray update the time it took the first to arrive, and more
+    assert touched.structured_content == {"subscribed": ["fixture://motd"]}  # forwarded to the upstream
+    assert after.structured_content == {"subscribed": ["fixture://motd"]}  # kept there: other callers may need it
+    assert heard.is_set() and set(updates) == {"fixture://motd"}
+    assert len(updates) == heard_before  # this session no longer hears it

@@ -6,7 +6,8 @@
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
 `grow` (adds a tool, announcing the change), `picture` (text and an image), `ask_llm` (sampling),
-`ask_user` (elicitation), `chatty` (log messages), and one with a name too long to expose as is; the resource
+`ask_user` (elicitation), `chatty` (log messages), `touch` (a resource update; subscriptions are
+recorded), and one with a name too long to expose as is; the resource
 `fixture://motd`, the template `fixture://items/{item_id}` and the prompt `greet`.
 """
 
@@ -127,6 +128,34 @@ async def chatty(ctx: Context) -> dict[str, bool]:
     await ctx.info("chatty: info")
     await ctx.warning("chatty: warning")
     return {"done": True}
+
+
+SUBSCRIBED: set[str] = set()
+
+
+@server.tool()
+async def touch(uri: str, ctx: Context) -> dict[str, list[str]]:
+    """Announces that the resource `uri` changed (2025-era sessions: on the session's GET stream), and
+    answers the URIs its client subscribed to."""
+    with contextlib.suppress(Exception):  # 2026-07-28 has no unsolicited notification outside a listen stream
+        await ctx.session.send_resource_updated(uri)
+    return {"subscribed": sorted(SUBSCRIBED)}
+
+
+async def _subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    SUBSCRIBED.add(str(params.uri))
+    return types.EmptyResult()
+
+
+async def _unsubscribe(ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    SUBSCRIBED.discard(str(params.uri))
+    return types.EmptyResult()
+
+
+server._lowlevel_server.add_request_handler(  # noqa: SLF001 - a fixture's own server
+    "resources/subscribe", types.SubscribeRequestParams, _subscribe)
+server._lowlevel_server.add_request_handler(  # noqa: SLF001
+    "resources/unsubscribe", types.UnsubscribeRequestParams, _unsubscribe)
 
 
 @server.resource("fixture://motd", name="motd", description="The message of the day.", mime_type="text/plain")

@@ -15,7 +15,7 @@ import contextlib
 import json
 import random
 from importlib.metadata import version
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -59,13 +59,16 @@ class _Connection:
         self.catalog = Catalog()  # its resources, templates and prompts
         self.lean: LeanHttpCaller | None = None  # plain calls on a Streamable HTTP upstream (upstream_http.py)
         self.output_validators: dict[str, SafeValidator] = {}  # by upstream tool name, for lean calls
+        self.subscribed: set[str] = set()  # resource URIs subscribed to, renewed on reconnection
 
 
 class UpstreamManager:
     def __init__(self, *, ping_seconds: float = 5.0, backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_resource_updated: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """`on_resource_updated(uri)`: an upstream said a resource the gateway subscribed to changed."""
         self.ping_seconds, self.backoff_base, self.backoff_cap = ping_seconds, backoff_base, backoff_cap
-        self.on_change = on_change
+        self.on_change, self.on_resource_updated = on_change, on_resource_updated
         self.connections: dict[str, _Connection] = {}
         self.status: dict[str, UpstreamStatus] = {}
         self._tasks: dict[str, asyncio.Task] = {}
@@ -156,11 +159,14 @@ class UpstreamManager:
                 async with contextlib.AsyncExitStack() as stack:
                     transport, lean_parts = self._transport(conn, stack)
                     client = await stack.enter_async_context(
-                        Client(transport, message_handler=self._handler(conn),
+                        Client(transport, mode=conn.config.mode, message_handler=self._handler(conn),  # type: ignore[arg-type]
                                client_info=types.Implementation(**CLIENT_INFO)))
                     conn.client = client
                     conn.lean = self._lean(conn, client, lean_parts, stack)
                     await self._refresh(name, conn)
+                    if conn.subscribed and _subscribes(client):
+                        for uri in sorted(conn.subscribed):
+                            await client.subscribe_resource(uri)
                     status.state, status.reason, failures = "up", "", 0
                     self._rebuild()
                     log.info("upstream connected", upstream=name, tools=len(conn.tools))
@@ -231,6 +237,8 @@ class UpstreamManager:
                 conn.broken.set()
             elif isinstance(message, types.ToolListChangedNotification):
                 conn.changed.set()
+            elif isinstance(message, types.ResourceUpdatedNotification) and self.on_resource_updated is not None:
+                await self.on_resource_updated(str(message.params.uri))
         return handle
 
     # --- resources, prompts and completions of the upstreams (upstream_catalog.py) ----------------------
@@ -249,14 +257,17 @@ class UpstreamManager:
     async def read_resource(self, upstream: str, uri: str) -> types.ReadResourceResult:
         return await self._client(upstream).read_resource(uri)
 
-    async def subscribe(self, upstream: str, uri: str, on: bool) -> None:
-        """(Un)subscribe to one of the upstream's resources when it serves `resources/subscribe` (a 2025-era
-        connection that declares subscriptions); otherwise nothing (2026-07-28 has subscriptions/listen instead)."""
+    async def subscribe(self, upstream: str, uri: str) -> None:
+        """Subscribe to one of the upstream's resources when it serves `resources/subscribe` (a 2025-era
+        connection that declares subscriptions); otherwise nothing (2026-07-28 has subscriptions/listen).
+
+        The connection serves every caller, so a subscription is never dropped for one caller's
+        unsubscribe (the gateway filters updates per session); it is renewed when the upstream reconnects."""
         client = self._client(upstream)
-        resources = client.server_capabilities.resources if client.server_capabilities else None
-        if resources is None or not resources.subscribe or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not _subscribes(client):
             return
-        await (client.subscribe_resource(uri) if on else client.unsubscribe_resource(uri))
+        await client.subscribe_resource(uri)
+        self.connections[upstream].subscribed.add(uri)
 
     async def get_prompt(self, upstream: str, name: str, arguments: dict[str, str]) -> types.GetPromptResult:
         return await self._client(upstream).get_prompt(name, arguments)
@@ -316,6 +327,11 @@ class UpstreamManager:
         if not result.is_error:
             _check_output(conn, tool, result)
         return _result(result)
+
+
+def _subscribes(client: Client) -> bool:
+    resources = client.server_capabilities.resources if client.server_capabilities else None
+    return bool(resources is not None and resources.subscribe and client.protocol_version not in MODERN_PROTOCOL_VERSIONS)
 
 
 def _check_output(conn: _Connection, tool: str, result: types.CallToolResult) -> None:

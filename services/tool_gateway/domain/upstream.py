@@ -26,6 +26,7 @@ class UpstreamConfig:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_seconds: float = 30.0
     scopes: tuple[str, ...] = ()
+    mode: str = "auto"  # the SDK client's: "auto" (2026-07-28 when served) or "legacy" (the 2025 handshake)
 
 
 @dataclass
@@ -64,6 +65,8 @@ def check_upstream(config: UpstreamConfig, allowed_commands: frozenset[str]) -> 
         raise ValidationFailed("must be an http:// or https:// URL", field="upstream.url")
     if config.prefix is not None and not _PREFIX.match(config.prefix):
         raise ValidationFailed("must be lower_snake_case (or empty for none)", field="upstream.prefix")
+    if config.mode not in ("auto", "legacy"):
+        raise ValidationFailed("must be auto or legacy", field="upstream.mode")
     if not 0 < config.timeout_seconds <= 600:
         raise ValidationFailed("must be between 0 and 600 seconds", field="upstream.timeout_seconds")
     if config.command and os.path.basename(config.command[0]) not in allowed_commands:

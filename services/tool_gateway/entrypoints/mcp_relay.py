@@ -43,6 +43,7 @@ from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.entrypoints.mcp_fast import FastCalls
 from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, cancel_key, capabilities_of_session
+from services.tool_gateway.entrypoints.mcp_sessions import session_key as level_key
 from services.tool_gateway.service_layer.call_context import RelayRefused, relaying, reporting_progress
 
 __all__ = ["LOG_LEVELS", "AnswerPublisher", "ClientRelay", "LocalLogLevels", "LogLevels", "RelayAnswers",
@@ -57,10 +58,6 @@ PING_SECONDS = 15.0
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                 (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
 _NEEDS = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
-
-
-def level_key(principal: Principal, session: str) -> str:
-    return "\x1f".join([principal.tenant_id, principal.subject, session])
 
 
 class LogLevels(Protocol):

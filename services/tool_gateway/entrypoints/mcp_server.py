@@ -49,7 +49,7 @@ from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
 from services.tool_gateway.entrypoints.mcp_relay import LocalLogLevels, LogLevels, RelayAnswers, RelayCalls
-from services.tool_gateway.entrypoints.mcp_subscribe import session_handlers
+from services.tool_gateway.entrypoints.mcp_subscribe import LocalSubscribed, Subscribed, session_handlers
 from services.tool_gateway.entrypoints.mcp_tasks import TaskMiddleware, task_handlers
 from services.tool_gateway.entrypoints.mcp_tasks import capabilities as task_capabilities
 from services.tool_gateway.entrypoints.mcp_sessions import (
@@ -215,7 +215,8 @@ async def answer_call(ports: CallPorts, caller: Principal | None, params: types.
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
                  experience_store: ExperienceStore | None = None, *, in_flight: InFlightCalls | None = None,
                  changes: SubscriptionBus | None = None, upstreams: UpstreamCatalogs | None = None,
-                 tasks: TaskRunner | None = None, levels: LogLevels | None = None) -> Server:
+                 tasks: TaskRunner | None = None, levels: LogLevels | None = None,
+                 subscribed: Subscribed | None = None) -> Server:
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
     `experience_store`: when given, tools/list appends each tool's experience note to its description;
     `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
@@ -260,7 +261,7 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
     for method, (params_type, handler) in session_handlers(
-            lambda ctx: _caller(ctx, local_principal), levels or LocalLogLevels(), upstreams).items():
+            lambda ctx: _caller(ctx, local_principal), levels or LocalLogLevels(), upstreams, subscribed).items():
         server.add_request_handler(method, params_type, handler)
     if tasks is not None:
         def caller_of(ctx: ServerRequestContext) -> Principal | None:
@@ -295,7 +296,8 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
              in_flight: InFlightCalls | None = None, resource_url: str = "",
              authorization_servers: tuple[str, ...] = (), upstreams: UpstreamCatalogs | None = None,
              tasks: TaskRunner | None = None, answers: RelayAnswers | None = None,
-             levels: LogLevels | None = None, relay_timeout: float = 120.0) -> ASGIApp:
+             levels: LogLevels | None = None, relay_timeout: float = 120.0,
+             subscribed: Subscribed | None = None) -> ASGIApp:
     """The ASGI app: protected-resource metadata, bearer authentication, JSON-RPC envelope checks, the
     relaying of upstreams' log messages and requests to 2025-era sessions (mcp_relay: `answers` routes
     the clients' answers across replicas, `levels` keeps their logging levels), the lean call path,
@@ -307,14 +309,14 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     the loopback origins or `allowed_origins`.
     """
     in_flight = in_flight or InFlightCalls()
-    levels = levels or LocalLogLevels()
+    levels, subscribed = levels or LocalLogLevels(), subscribed or LocalSubscribed()
     server = build_server(ports, experience_store=experience, in_flight=in_flight, changes=changes,
-                          upstreams=upstreams, tasks=tasks, levels=levels)
+                          upstreams=upstreams, tasks=tasks, levels=levels, subscribed=subscribed)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=[*_LOOPBACK_HOSTS, *_listed(allowed_hosts)],
         allowed_origins=[*_LOOPBACK_ORIGINS, *_listed(allowed_origins)])
     app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
-    sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes)
+    sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes, subscriptions=subscribed)
     fast = FastCalls(sessions, server, functools.partial(answer_call, ports, in_flight=in_flight), path=PATH,
                      security=security, in_flight=in_flight)
 

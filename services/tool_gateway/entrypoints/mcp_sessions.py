@@ -11,7 +11,8 @@ found". The id is used for:
   running the call cancels it, which cancels the upstream call in turn;
 - the GET stream: server-initiated notifications (`notifications/tools/list_changed` and the
   prompts and resources ones, since prompts and guides follow the tools) from any replica, over
-  the shared change bus. Nothing is replayed: a client that reconnects lists again;
+  the shared change bus, and `notifications/resources/updated` for the resources the session
+  subscribed to (mcp_subscribe), whichever replica took the subscription. Nothing is replayed: a client that reconnects lists again;
 - relaying: what the client declared at `initialize` that the gateway can relay to it (sampling,
   elicitation) rides in the id itself (`<hex>-<flags>`, session_for), read back by mcp_relay;
 - DELETE: answered 204, there being nothing to drop.
@@ -29,7 +30,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import anyio
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -39,7 +46,7 @@ from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["NOTICE_METHODS", "SESSION_HEADER", "CancelPublisher", "ChangeFeed", "InFlightCalls", "StatelessSessions",
-           "cancel_key", "capabilities_of_session", "session_for"]
+           "SessionSubscriptions", "cancel_key", "capabilities_of_session", "session_for", "session_key"]
 
 log = get_logger(__name__)
 SESSION_HEADER = "mcp-session-id"
@@ -68,6 +75,17 @@ def capabilities_of_session(session: str) -> dict[str, Any]:
     if "e" in flags:
         caps["elicitation"] = {"form": {}}
     return caps
+
+
+def session_key(principal: Principal, session: str) -> str:
+    """Whose session this is: what a session keeps (its logging level, its subscriptions) is keyed by it."""
+    return "\x1f".join([principal.tenant_id, principal.subject, session])
+
+
+class SessionSubscriptions(Protocol):
+    """The resources each session subscribed to (mcp_subscribe; Redis: adapters/relay_state.py)."""
+
+    async def has(self, key: str, uri: str) -> bool: ...
 
 
 def cancel_key(principal: Principal, session_id: str, request_id: Any) -> str:
@@ -120,8 +138,9 @@ class StatelessSessions:
     message in `scope["mcp.message"]`), in front of the SDK's stateless transport."""
 
     def __init__(self, app: ASGIApp, *, in_flight: InFlightCalls, cancels: CancelPublisher | None,
-                 changes: ChangeFeed | None) -> None:
+                 changes: ChangeFeed | None, subscriptions: SessionSubscriptions | None = None) -> None:
         self.app, self.in_flight, self.cancels, self.changes = app, in_flight, cancels, changes
+        self.subscriptions = subscriptions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -186,10 +205,17 @@ class StatelessSessions:
     async def _stream(self, session: str, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.changes is not None
         events: set[str] = set()
+        updated: list[str] = []  # resources/updated: sent when this session subscribed to the URI
+        principal = getattr(scope.get("user"), "principal", None)
         woken = anyio.Event()
         wake = [woken]
 
         def deliver(event: ServerEvent) -> None:
+            if isinstance(event, ResourceUpdated):
+                if self.subscriptions is not None and principal is not None and event.uri not in updated:
+                    updated.append(event.uri)
+                    wake[0].set()
+                return
             # Change events are level triggers: a burst collapses to one notification of each kind.
             method = NOTICE_METHODS.get(type(event))
             if method is not None:
@@ -214,9 +240,13 @@ class StatelessSessions:
                     with anyio.move_on_after(PING_SECONDS):
                         await wake[0].wait()
                     wake[0] = anyio.Event()
-                    if not events:
+                    if not events and not updated:
                         await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
                         continue
+                    uris = list(updated)
+                    updated.clear()
+                    for uri in uris:
+                        await self._send_update(principal, session, uri, send)
                     pending = sorted(events)
                     events.clear()
                     for method in pending:
@@ -224,6 +254,18 @@ class StatelessSessions:
                                     "more_body": True})
         finally:
             unsubscribe()
+
+
+    async def _send_update(self, principal: Principal, session: str, uri: str, send: Send) -> None:
+        assert self.subscriptions is not None
+        try:
+            subscribed = await self.subscriptions.has(session_key(principal, session), uri)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("resource update not sent", error=type(exc).__name__)
+            return
+        if subscribed:
+            await send({"type": "http.response.body", "more_body": True, "body": _sse(
+                {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}})})
 
 
 async def _refuse(status: int, reason: str, scope: Scope, receive: Receive, send: Send) -> None:

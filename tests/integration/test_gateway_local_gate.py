@@ -126,3 +126,24 @@ async def test_a_top_up_renews_the_trust_and_refills_off_the_calls_path(factory,
     await asyncio.sleep(0.1)  # the renewed trust outlives the first one's 0.2 s
     assert gate.breakers.trusted_closed("t@1")
     await gate.close()
+
+
+async def test_calls_that_find_the_trust_lapsed_wait_for_one_answer_instead_of_each_asking(
+        factory, unique: str) -> None:
+    gate = replica(factory, unique, cache_seconds=0.05)
+    buckets = [("tool:t", 10_000.0)]  # batch 64: the tokens stay local throughout
+    await gate.admit(buckets, "t@1", 5.0)
+    await asyncio.sleep(0.06)  # the trust lapsed
+    scripts = 0
+    run_script = gate.limiter.run_script
+
+    async def counted(*args, **kwargs):
+        nonlocal scripts
+        scripts += 1
+        return await run_script(*args, **kwargs)
+
+    gate.limiter.run_script = counted
+    answers = await asyncio.gather(*(gate.admit(buckets, "t@1", 5.0) for _ in range(8)))
+    assert all(a == (0.0, True, "closed", 0.0) for a in answers)
+    assert scripts == 1
+    await gate.close()

@@ -50,6 +50,7 @@ class LocalGate:
         self._refilling: set[str] = set()  # buckets a round trip is taking a batch of now
         self._topping: set[tuple] = set()  # (breaker, buckets...) a top-up is under way for
         self._tasks: set[asyncio.Task] = set()
+        self._asking: dict[str, asyncio.Future] = {}  # breaker -> the call asking Redis for it now
 
     def batch(self, rate: float) -> int:
         """How many tokens of a bucket of `rate` calls/s one round trip takes."""
@@ -136,6 +137,16 @@ class LocalGate:
         if not remote and self.breakers.trusted_closed(tool):
             self._maybe_top_up(keys, tool)
             return 0.0, True, "closed", 0.0
+        asking = self._asking.get(tool) if not remote else None
+        if asking is not None:  # another call is asking for this breaker: its answer serves this one too
+            try:
+                await asyncio.shield(asking)
+            except BaseException:
+                for key in local:
+                    self._give_back(key)
+                raise
+            if self.breakers.trusted_closed(tool):
+                return 0.0, True, "closed", 0.0
         wants, refills = [], []
         for key, rate in remote:
             want = self.batch(rate)
@@ -145,6 +156,8 @@ class LocalGate:
             else:
                 want = 1
             wants.append(want)
+        if not remote and tool not in self._asking:
+            self._asking[tool] = asking = asyncio.get_running_loop().create_future()
         try:
             answer = await self.limiter.run_script(
                 GATE_N, [*(key for key, _ in remote), self.breakers.key(tool)],
@@ -156,6 +169,9 @@ class LocalGate:
             raise
         finally:
             self._refilling.difference_update(refills)
+            if asking is not None and self._asking.get(tool) is asking:
+                del self._asking[tool]
+                asking.set_result(None)  # after observe() below has run: the waiters resume later
         wait, admitted, state, retry_after = float(answer[0]), bool(answer[1]), _decoded(answer[2]), float(answer[3])
         if wait > 0:  # none taken, as the shared gate: the tokens spent above go back
             for key in local:

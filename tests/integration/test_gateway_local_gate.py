@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 import redis.asyncio
 
@@ -111,20 +112,26 @@ async def test_a_half_open_breaker_lets_one_probe_through_across_replicas_and_a_
 
 
 async def test_a_top_up_renews_the_trust_and_refills_off_the_calls_path(factory, unique: str) -> None:
-    gate = replica(factory, unique, cache_seconds=0.2)
+    gate = replica(factory, unique, cache_seconds=1.0)
     buckets = [("tool:t", 400.0)]
     key = gate.limiter.key("tool:t")
-    await gate.admit(buckets, "t@1", 5.0)  # takes a batch of 20, keeps 19
+
+    async def topped_up() -> None:
+        with anyio.fail_after(5):
+            while gate._topping:
+                await asyncio.sleep(0.01)
+
+    started = time.monotonic()
+    await gate.admit(buckets, "t@1", 5.0)  # takes a batch of 20, keeps 19; trusts "closed" for 1 s
     for _ in range(10):  # spent locally; under half the batch now: a top-up runs in the background
         await gate.admit(buckets, "t@1", 5.0)
-    await asyncio.sleep(0.05)
+    await topped_up()
     assert gate.held(key) == 20
-    await asyncio.sleep(0.12)  # past half the trust
+    await asyncio.sleep(max(0.0, 0.6 - (time.monotonic() - started)))  # past half the trust
     await gate.admit(buckets, "t@1", 5.0)
-    await asyncio.sleep(0.05)
-    assert gate.breakers.trusted_closed("t@1")
-    await asyncio.sleep(0.1)  # the renewed trust outlives the first one's 0.2 s
-    assert gate.breakers.trusted_closed("t@1")
+    await topped_up()
+    await asyncio.sleep(max(0.0, 1.1 - (time.monotonic() - started)))  # the first trust has lapsed by now
+    assert gate.breakers.trusted_closed("t@1")  # renewed by the top-up
     await gate.close()
 
 

@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     tool_breaker_min_calls: int = Field(20, ge=1, description="calls in the window before the error rate counts")
     tool_breaker_window_seconds: float = Field(30.0, gt=0)
     tool_breaker_open_seconds: float = Field(10.0, gt=0, description="time open before one half-open probe")
+    tool_breaker_cache_ms: float = Field(100.0, ge=0, le=10_000, description="how long a replica trusts a breaker "
+                                         "it saw closed before asking Redis again (0: every call asks)")
+    tool_rate_batch_ms: float = Field(50.0, ge=0, le=10_000, description="a replica takes this long's worth of a "
+                                      "bucket's rate in one Redis round trip (at most 64 tokens; 0: one per call)")
     tool_result_max_bytes: int = Field(16_384, ge=256, description="result size past which it is truncated")
     tool_audit_flush_ms: float = Field(50.0, gt=0, le=60_000, description="how long audit rows of calls gather "
                                        "before they are written in one batch")

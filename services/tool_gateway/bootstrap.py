@@ -23,6 +23,7 @@ from services.tool_gateway.adapters.backends import BackendRouter
 from services.tool_gateway.adapters.backends.adapter import AdapterBackend, GrpcAdapterClient
 from services.tool_gateway.adapters.backends.http import HttpBackend
 from services.tool_gateway.adapters.audit_buffer import BufferedCallLog
+from services.tool_gateway.adapters.local_gate import LocalGate
 from services.tool_gateway.adapters.backends.memory import MEMORY_TOOLS, memory_backend
 from services.tool_gateway.adapters.broadcast import TOOLS_CHANGED, ChangeBus, RedisBroadcast
 from services.tool_gateway.adapters.experience import PostgresExperienceReader, project_tool_events
@@ -34,7 +35,6 @@ from services.tool_gateway.adapters.redis_state import (
     BreakerSettings,
     RedisBreakers,
     RedisCanaryCounters,
-    RedisGate,
     RedisRateLimiter,
     RedisResultStore,
 )
@@ -124,13 +124,16 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     breakers = RedisBreakers(ctx.bus.redis, namespace, BreakerSettings(
         failures=settings.tool_breaker_failures, error_rate=settings.tool_breaker_error_rate,
         min_calls=settings.tool_breaker_min_calls, window_seconds=settings.tool_breaker_window_seconds,
-        open_seconds=settings.tool_breaker_open_seconds))
+        open_seconds=settings.tool_breaker_open_seconds), cache_seconds=settings.tool_breaker_cache_ms / 1000)
     ctx.closers.append(breakers.close)  # stops the batch of successes waiting to be counted
+    # Rate limit and breaker from a local allowance refilled from Redis in batches (bounds: local_gate.py).
+    gate = LocalGate(limiter, breakers, batch_seconds=settings.tool_rate_batch_ms / 1000)
+    ctx.closers.append(gate.close)
     ports = CallPorts(
         registry=FederatedRegistry(registered, upstreams, on_change=registry_changed),
         limiter=limiter,
         breakers=breakers,
-        gate=RedisGate(limiter, breakers),
+        gate=gate,
         backends=BackendRouter({"http": HttpBackend(http), "mcp": upstreams, "adapter": AdapterBackend(adapter),
                                 "memory": memory_backend(settings, ctx.closers)}),
         call_log=call_log,

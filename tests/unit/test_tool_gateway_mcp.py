@@ -159,6 +159,24 @@ async def test_a_token_with_the_endpoint_scope_reaches_the_app_with_its_caller(
     assert reply.json() == {"subject": "agent-1", "tenant": "acme"}
 
 
+async def test_a_callers_user_is_built_once_per_verified_token_and_again_once_the_verifier_forgets_it() -> None:
+    seen = []
+
+    async def keep(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append((scope["user"], scope["auth"]))
+        await echo_caller(scope, receive, send)
+
+    verifier = TokenVerifier(SETTINGS)
+    app, good = BearerAuth(keep, verifier, required_scope="tools:read"), token("tools:read")
+    for _ in range(2):
+        assert (await post(app, good)).status_code == 200
+    assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
+    verifier._verified.clear()  # the token's time in the verifier's memory is over: verified, and built, anew
+    assert (await post(app, good)).status_code == 200
+    assert seen[2][0] is not seen[1][0] and seen[2][0].principal == seen[1][0].principal
+    assert (await post(app, token("tools:call"))).status_code == 403  # another token: its own checks
+
+
 async def test_with_auth_disabled_every_request_is_an_anonymous_caller() -> None:
     reply = await post(BearerAuth(echo_caller, None, required_scope="tools:read"))
     assert reply.json() == {"subject": "anonymous", "tenant": ""}

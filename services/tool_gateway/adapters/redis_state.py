@@ -7,6 +7,7 @@ clock, so replicas agree without synchronised clocks.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,10 @@ from libs.logs import get_logger
 from libs.validation import TENANT_ID_RULE, is_tenant_id
 from services.tool_gateway.domain.rollout import ArmCounts
 
-__all__ = ["BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
+__all__ = ["GATE_N", "TOP_UP", "BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
 
 RedisFactory = Callable[[], Awaitable[Redis]]
+_MAX_TRUSTED = 4_096  # breakers whose "closed" a replica remembers at most
 log = get_logger(__name__)
 
 # The scripts are built from Lua functions so that the call path runs one script (rate limit, then
@@ -87,6 +89,72 @@ local wait = take(now, keys, rates)
 if wait > 0 then return {tostring(wait), 0, '', '0'} end
 local a = admit(now, KEYS[n + 1], tonumber(ARGV[n + 1]), tonumber(ARGV[n + 2]))
 return {'0', a[1], a[2], a[3]}
+"""
+
+# The gate of a replica that keeps a local allowance (adapters/local_gate.py): from each bucket named, one
+# token and up to `want` in all (as many whole tokens as it holds), or none when any is empty. KEYS: the
+# buckets, then the breaker; ARGV: their rates, then their wants, then open and probe seconds. Answers
+# {wait, admitted, state, retry_after, grant of each bucket...}; no bucket named: the breaker alone.
+_TAKE_N_FN = """
+local function take_n(now, keys, rates, wants)
+  local wait, state, grants = 0, {}, {}
+  for i, key in ipairs(keys) do
+    local rate = tonumber(rates[i])
+    local burst = math.max(1, rate * 2)
+    local b = redis.call('HMGET', key, 'tokens', 'ts')
+    local tokens = tonumber(b[1]) or burst
+    local ts = tonumber(b[2]) or now
+    tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+    if tokens < 1 then wait = math.max(wait, (1 - tokens) / rate) end
+    state[i] = {tokens, burst / rate}
+  end
+  for i, key in ipairs(keys) do
+    local tokens, grant = state[i][1], 0
+    if wait == 0 then
+      grant = math.max(1, math.min(tonumber(wants[i]), math.floor(tokens)))
+      tokens = tokens - grant
+    end
+    grants[i] = grant
+    redis.call('HSET', key, 'tokens', tokens, 'ts', now)
+    redis.call('PEXPIRE', key, math.ceil(state[i][2] * 1000) + 1000)
+  end
+  return wait, grants
+end
+"""
+GATE_N = _TAKE_N_FN + _ADMIT_FN + _NOW + """
+local n = #KEYS - 1
+local keys, rates, wants = {}, {}, {}
+for i = 1, n do keys[i], rates[i], wants[i] = KEYS[i], ARGV[i], ARGV[n + i] end
+local wait, grants = take_n(now, keys, rates, wants)
+if wait > 0 then return {tostring(wait), 0, '', '0'} end
+local a = admit(now, KEYS[n + 1], tonumber(ARGV[2 * n + 1]), tonumber(ARGV[2 * n + 2]))
+local answer = {'0', a[1], a[2], a[3]}
+for i = 1, n do answer[4 + i] = grants[i] end
+return answer
+"""
+
+# A replica's top-up, off any call's path: up to `want` whole tokens of each bucket (none taken from an
+# empty one, no wait), and the breaker's state as stored (read only: no probe is taken). KEYS: the buckets,
+# then the breaker; ARGV: their rates, then their wants. Answers {grant of each bucket..., state}.
+TOP_UP = _NOW + """
+local n = #KEYS - 1
+local answer = {}
+for i = 1, n do
+  local rate, want = tonumber(ARGV[i]), tonumber(ARGV[n + i])
+  local burst = math.max(1, rate * 2)
+  local b = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local tokens = tonumber(b[1]) or burst
+  local ts = tonumber(b[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+  local grant = math.max(0, math.min(want, math.floor(tokens)))
+  if grant > 0 then
+    redis.call('HSET', KEYS[i], 'tokens', tokens - grant, 'ts', now)
+    redis.call('PEXPIRE', KEYS[i], math.ceil(burst / rate * 1000) + 1000)
+  end
+  answer[i] = grant
+end
+answer[n + 1] = redis.call('HGET', KEYS[n + 1], 'state') or 'closed'
+return answer
 """
 
 # ARGV: successes (applied first, as that many successful calls), then '1' for one failure after them.
@@ -175,16 +243,43 @@ class RedisBreakers(_Keys):
     of its breaker still waiting, so the order of one replica's outcomes is kept."""
 
     def __init__(self, redis: RedisFactory, namespace: str = "", settings: BreakerSettings | None = None,
-                 flush_seconds: float = 0.005) -> None:
+                 flush_seconds: float = 0.005, cache_seconds: float = 0.0) -> None:
         super().__init__(redis, namespace, "breaker")
         self.settings = settings or BreakerSettings()
-        self.flush_seconds = flush_seconds
+        self.flush_seconds, self.cache_seconds = flush_seconds, cache_seconds
         self._successes: dict[str, int] = {}
         self._flusher: asyncio.Task | None = None
+        self._closed_until: dict[str, float] = {}  # breaker -> until when its last seen "closed" is trusted
+
+    def trusted_closed(self, tool: str) -> bool:
+        """Whether this replica saw `tool`'s breaker closed in Redis less than `cache_seconds` ago (and has not
+        seen it otherwise since): the local gate then admits without asking (adapters/local_gate.py)."""
+        return self._closed_until.get(tool, 0.0) > time.monotonic()
+
+    def observe(self, tool: str, state: str) -> None:
+        """Remember the state Redis answered: "closed" is trusted for `cache_seconds`, any other is not kept."""
+        if state == "closed" and self.cache_seconds > 0:
+            if len(self._closed_until) >= _MAX_TRUSTED:
+                self._closed_until.clear()  # that many breakers churn: asking Redis again is correct, only slower
+            self._closed_until[tool] = time.monotonic() + self.cache_seconds
+        else:
+            self._closed_until.pop(tool, None)
+
+    def stale_soon(self, tool: str) -> bool:
+        """Whether `tool`'s trusted "closed" is past half its time (a top-up may renew it meanwhile)."""
+        until = self._closed_until.get(tool)
+        return until is not None and until - time.monotonic() < self.cache_seconds / 2
+
+    def renew(self, tool: str, state: str) -> None:
+        """A top-up's reading of the state: renews a trust still held (one a failure dropped meanwhile stays
+        dropped), drops it when the breaker is no longer closed."""
+        if tool in self._closed_until:
+            self.observe(tool, state)
 
     async def admit(self, tool: str, probe_seconds: float) -> tuple[bool, str, float]:
         admitted, state, retry_after = await self.run_script(_ADMIT, [self.key(tool)],
                                                        [repr(self.settings.open_seconds), repr(float(probe_seconds))])
+        self.observe(tool, _text(state))
         return bool(admitted), _text(state), float(retry_after)
 
     def _args(self, successes: int, failed: bool) -> list:
@@ -193,7 +288,12 @@ class RedisBreakers(_Keys):
 
     async def record(self, tool: str, ok: bool) -> str:
         successes = self._successes.pop(tool, 0) + (1 if ok else 0)
-        return _text(await self.run_script(_RECORD, [self.key(tool)], self._args(successes, not ok)))
+        if not ok:
+            self._closed_until.pop(tool, None)  # a failure: ask Redis again from now on, whatever it answers
+        state = _text(await self.run_script(_RECORD, [self.key(tool)], self._args(successes, not ok)))
+        if ok:
+            self.observe(tool, state)
+        return state
 
     def succeeded(self, tool: str) -> None:
         self._successes[tool] = self._successes.get(tool, 0) + 1

@@ -31,6 +31,7 @@ __all__ = ["BearerAuth", "Caller"]
 
 log = get_logger(__name__)
 _ANONYMOUS = Principal(subject="anonymous", tenant_id="", scopes=frozenset({"*"}))
+_MAX_CALLERS = 4_096  # tokens whose Caller is kept
 _STATUS = {"unauthenticated": 401, "permission_denied": 403, "unavailable": 503}
 
 
@@ -83,6 +84,19 @@ class BearerAuth:
                  resource_metadata: Callable[[Scope], str] | None = None) -> None:
         self.app, self.verifier, self.required_scope = app, verifier, required_scope
         self.resource_metadata = resource_metadata
+        self._callers: dict[str, tuple[Principal, Caller, AuthCredentials]] = {}
+
+    def _caller(self, principal: Principal, token: str) -> tuple[Caller, AuthCredentials]:
+        """The request's user and credentials, built once per verified token: kept only while the verifier
+        answers with the same principal (its memory of the token, bounded by the token's `exp`)."""
+        held = self._callers.get(token)
+        if held is not None and held[0] is principal:
+            return held[1], held[2]
+        if len(self._callers) >= _MAX_CALLERS:
+            self._callers.clear()  # simplest bound; refilled by the next requests
+        caller, credentials = Caller(principal, token), AuthCredentials(sorted(principal.scopes))
+        self._callers[token] = (principal, caller, credentials)
+        return caller, credentials
 
     async def _authenticate(self, token: str) -> Principal:
         if self.verifier is None:
@@ -126,8 +140,7 @@ class BearerAuth:
                 await refusal(exc, self.required_scope, token_sent=bool(token), resource_metadata=metadata)(
                     scope, receive, send_recording_status)
                 return
-            scope["user"] = Caller(principal, token)
-            scope["auth"] = AuthCredentials(sorted(principal.scopes))
+            scope["user"], scope["auth"] = self._caller(principal, token)
             await self.app(scope, receive, send_recording_status)
         finally:
             log.info("mcp http", method=scope["method"], path=scope["path"], status=status, subject=subject,

@@ -331,14 +331,14 @@ async def test_a_redis_that_does_not_know_the_fenced_script_gets_it_and_every_ev
     answers NOSCRIPT, and the relay loads it and publishes the batch. Here the script text is new to Redis."""
     from libs.events import bus as bus_module
 
-    monkeypatch.setattr(bus_module, "_FENCED_XADD", bus_module._FENCED_XADD + f"\n-- {unique}\n")
+    monkeypatch.setattr(bus_module, "_FENCED_XADDS", bus_module._FENCED_XADDS + f"\n-- {unique}\n")
     outbox, bus = Outbox(tables), EventBus(redis_url, consumer_name="relay")
     stream = f"{unique}.noscript"
     sent = [envelope(f"m{i}") for i in range(7)]
     async with tables.transaction("t1") as conn:
         await outbox.add_many(conn, sent, stream=stream)
     client = await bus.redis()
-    digest = __import__("hashlib").sha1(bus_module._FENCED_XADD.encode()).hexdigest()
+    digest = __import__("hashlib").sha1(bus_module._FENCED_XADDS.encode()).hexdigest()
     assert await client.script_exists(digest) == [False]
     async with relay_of(outbox, bus) as relay:
         assert await relay.publish_pending() == 7

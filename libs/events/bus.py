@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import hiredis
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
-from opentelemetry import metrics
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -100,6 +100,23 @@ local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
 if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return redis.call('GET', KEYS[1])
 """
+
+
+async def _send_packed(client: Redis, command: tuple) -> Any:
+    """Send `command` (str and int arguments) packed by hiredis in C, and read its reply: redis-py packs
+    in Python, about 40 µs for an event's arguments where hiredis takes 5 (the same bytes)."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        await conn.send_packed_command([hiredis.pack_command(command)])
+        return await conn.read_response()
+    except ResponseError:
+        raise  # an error reply: the connection is fine
+    except BaseException:
+        await conn.disconnect()  # cut mid-command (cancelled, connection lost): not reused half-read
+        raise
+    finally:
+        await pool.release(conn)
 
 
 class Fenced(Exception):
@@ -233,7 +250,7 @@ class EventBus:
                 args += pair
         for attempt in range(2):
             try:
-                return int(await client.evalsha(digest, len(keys), *keys, *args))
+                return int(await _send_packed(client, ("EVALSHA", digest, len(keys), *keys, *args)))
             except NoScriptError:
                 if attempt:
                     raise

@@ -20,8 +20,8 @@ cannot be upcast) records why and goes to the dead-letter stream, so it cannot b
 rows behind it. A current-version payload is not parsed again here (the service printed it
 from its message); the consumers check it, and dead-letter it if it is broken.
 
-The relay reads a row's fields back only when it must. `add`/`add_many` keep, in the process, the
-envelope each new row holds (by row id, at most `KNOWN` of them); the relay reads the ids and streams of the
+The relay reads a row's fields back only when it must. While it leads, `add`/`add_many` keep, in the
+process, the envelope each new row holds (by row id, at most `KNOWN` of them); the relay reads the ids and streams of the
 pending rows and takes a committed row's envelope from there, and reads `fields` only for the rows it
 does not know (written by another process, before a restart, or forgotten). The row stays the durable
 record: what is published is only ever a committed row, in id order, marked after publication.
@@ -50,7 +50,7 @@ log = get_logger(__name__)
 
 
 class Outbox:
-    KNOWN = 20_000  # envelopes of rows written by this process kept for the relay (the oldest go first)
+    KNOWN = 2_000  # envelopes of rows written by this process kept for its leading relay (the oldest go first)
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -58,8 +58,16 @@ class Outbox:
         # Row id -> the envelope it holds, for the relay (in id order: ids come from a sequence). A row
         # rolled back, published by another process or deleted is never asked for and ages out.
         self._known: dict[int, Envelope] = {}
+        self.keeping = False  # set while this process's relay leads: a follower keeps nothing
+
+    def keep(self, on: bool) -> None:
+        self.keeping = on
+        if not on:
+            self._known.clear()
 
     def _remember(self, rows: list[tuple[int, Envelope]]) -> None:
+        if not self.keeping:
+            return
         known = self._known
         for row_id, envelope in rows:
             known[row_id] = envelope
@@ -144,6 +152,7 @@ class OutboxRelay:
             raise
         self.term = term
         self.leading.set()
+        self.outbox.keep(True)
         log.info("outbox relay leads", schema=self.outbox.db.schema, term=term)
         return True
 
@@ -151,6 +160,7 @@ class OutboxRelay:
         """Stop leading, or waiting to lead (closing the connection releases the lock)."""
         conn, self._conn = self._conn, None
         self.leading.clear()
+        self.outbox.keep(False)
         if conn is not None and not conn.is_closed():
             try:
                 await asyncio.wait_for(conn.close(), 2)

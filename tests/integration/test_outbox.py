@@ -352,15 +352,21 @@ async def test_a_redis_that_does_not_know_the_fenced_script_gets_it_and_every_ev
 
 async def test_rows_this_process_wrote_are_published_without_reading_them_back_and_others_are_read(
         tables: Database, redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The relay takes the envelope of a row its own process wrote from memory; a row another process wrote
-    (or one this process no longer holds: at most Outbox.KNOWN) is read back. Either way every committed
-    row goes out once, in id order, and nothing rolled back does."""
+    """While its relay leads, the relay takes the envelope of a row its own process wrote from memory; a row
+    another process wrote (or one this process no longer holds: at most Outbox.KNOWN, or written while it
+    did not lead) is read back. Either way every committed row goes out once, in id order, and nothing
+    rolled back does."""
     monkeypatch.setattr(Outbox, "KNOWN", 4)
     outbox, bus = Outbox(tables), EventBus(redis_url, consumer_name="relay")
     stream = f"{unique}.known"
-    sent = [envelope("first, forgotten")]
+    before = envelope("before the relay led")
     async with tables.transaction("t1") as conn:
-        await outbox.add(conn, sent[0], stream=stream)
+        await outbox.add(conn, before, stream=stream)
+    relay = OutboxRelay(outbox, bus)
+    assert await relay.publish_pending() == 1 and relay.read_back == 1
+    sent = [before, envelope("first, forgotten")]
+    async with tables.transaction("t1") as conn:
+        await outbox.add(conn, sent[1], stream=stream)
     elsewhere = envelope("another process")
     async with tables.transaction("t1") as conn:
         await Outbox(tables).add(conn, elsewhere, stream=stream)
@@ -373,11 +379,12 @@ async def test_rows_this_process_wrote_are_published_without_reading_them_back_a
     async with tables.transaction("t1") as conn:
         await outbox.add_many(conn, more, stream=stream)
     sent += more
-    async with relay_of(outbox, bus) as relay:
-        assert await relay.publish_pending() == 5
-        assert relay.read_back == 2  # the other process's row, and the first (pushed out by the limit of 4)
+    assert await relay.publish_pending() == 5
+    assert relay.read_back == 3  # and the other process's row, and the first (pushed out by the limit of 4)
+    await relay.resign()
+    assert not outbox.keeping and not outbox.known([1])
     entries = await (await bus.redis()).xrange(bus.stream_name(stream))
     await bus.stop()
     assert [f[b"event_id"].decode() for _, f in entries] == [e.event_id for e in sent]
-    assert [dict(f) for _, f in entries][2] == {k.encode(): v.encode() for k, v in more[0].to_fields().items()}
+    assert [dict(f) for _, f in entries][3] == {k.encode(): v.encode() for k, v in more[0].to_fields().items()}
     assert await outbox.pending() == 0

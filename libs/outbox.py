@@ -19,6 +19,12 @@ that can never be published (its fields no longer parse, or an older schema vers
 cannot be upcast) records why and goes to the dead-letter stream, so it cannot block the
 rows behind it. A current-version payload is not parsed again here (the service printed it
 from its message); the consumers check it, and dead-letter it if it is broken.
+
+The relay reads a row's fields back only when it must. While it leads, `add`/`add_many` keep, in the
+process, the envelope each new row holds (by row id, at most `KNOWN` of them); the relay reads the ids and streams of the
+pending rows and takes a committed row's envelope from there, and reads `fields` only for the rows it
+does not know (written by another process, before a restart, or forgotten). The row stays the durable
+record: what is published is only ever a committed row, in id order, marked after publication.
 """
 
 from __future__ import annotations
@@ -44,29 +50,66 @@ log = get_logger(__name__)
 
 
 class Outbox:
+    KNOWN = 2_000  # envelopes of rows written by this process kept for its leading relay (the oldest go first)
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self.channel = f"mnemesh_outbox_{db.schema}"
+        # Row id -> the envelope it holds, for the relay (in id order: ids come from a sequence). A row
+        # rolled back, published by another process or deleted is never asked for and ages out.
+        self._known: dict[int, Envelope] = {}
+        self.keeping = False  # set while this process's relay leads: a follower keeps nothing
+
+    def keep(self, on: bool) -> None:
+        self.keeping = on
+        if not on:
+            self._known.clear()
+
+    def _remember(self, rows: list[tuple[int, Envelope]]) -> None:
+        if not self.keeping:
+            return
+        known = self._known
+        for row_id, envelope in rows:
+            known[row_id] = envelope
+        while len(known) > self.KNOWN:
+            del known[next(iter(known))]
+
+    def known(self, row_ids: list[int]) -> dict[int, Envelope]:
+        """The envelopes this process wrote in the rows `row_ids` (ascending), of those it still holds; the
+        rows below the first are forgotten (published, rolled back, deleted, or to be read back)."""
+        known = self._known
+        if row_ids:
+            while known and (oldest := next(iter(known))) < row_ids[0]:
+                del known[oldest]
+        return {row_id: envelope for row_id in row_ids if (envelope := known.get(row_id)) is not None}
+
+    def forget(self, row_ids: list[int]) -> None:
+        for row_id in row_ids:
+            self._known.pop(row_id, None)
 
     async def add(self, conn: asyncpg.Connection, envelope: Envelope, stream: str | None = None) -> None:
         """Record `envelope` for publication; call inside the (tenant-scoped) transaction of the change."""
-        await conn.execute(
-            "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4)",
+        row_id = await conn.fetchval(
+            "INSERT INTO outbox (stream, event_id, fields, tenant_id) VALUES ($1, $2, $3, $4) RETURNING id",
             stream or envelope.stream, envelope.event_id, envelope.to_fields(), envelope.tenant_id)
         await conn.execute("SELECT pg_notify($1, '')", self.channel)
+        self._remember([(row_id, envelope)])
 
     async def add_many(self, conn: asyncpg.Connection, envelopes: list[Envelope], stream: str | None = None) -> None:
         """Record many envelopes for publication, in order, with one statement and one notification;
         call inside the (tenant-scoped) transaction of the change."""
         if not envelopes:
             return
-        await conn.execute(
+        rows = await conn.fetch(
             "WITH added AS (INSERT INTO outbox (stream, event_id, fields, tenant_id)"
             " SELECT s, e, f, t FROM unnest($1::text[], $2::uuid[], $3::jsonb[], $4::text[])"
-            " WITH ORDINALITY AS r(s, e, f, t, n) ORDER BY n RETURNING 1)"
-            " SELECT pg_notify($5, '') FROM (SELECT count(*) FROM added) AS c",
+            " WITH ORDINALITY AS r(s, e, f, t, n) ORDER BY n RETURNING id, event_id::text AS e),"
+            " notified AS (SELECT pg_notify($5, '') FROM (SELECT count(*) FROM added) AS c)"
+            " SELECT id, e FROM added, notified",
             [stream or e.stream for e in envelopes], [e.event_id for e in envelopes],
             [e.to_fields() for e in envelopes], [e.tenant_id for e in envelopes], self.channel)
+        by_event = {e.event_id: e for e in envelopes}
+        self._remember(sorted((row_id, by_event[event_id]) for row_id, event_id in rows))
 
     async def pending(self) -> int:
         async with self.db.system_transaction() as conn:
@@ -82,6 +125,7 @@ class OutboxRelay:
         self.listening = asyncio.Event()
         self.leading = asyncio.Event()
         self.term = 0
+        self.read_back = 0  # rows whose fields had to be read back (not written by this process, or forgotten)
         self._conn: asyncpg.Connection | None = None
         self._lock_key = f"outbox:{outbox.db.schema}"
         self.fence_key = bus.stream_name(f"mnemesh.outbox.fence.{outbox.db.schema}")
@@ -108,6 +152,7 @@ class OutboxRelay:
             raise
         self.term = term
         self.leading.set()
+        self.outbox.keep(True)
         log.info("outbox relay leads", schema=self.outbox.db.schema, term=term)
         return True
 
@@ -115,6 +160,7 @@ class OutboxRelay:
         """Stop leading, or waiting to lead (closing the connection releases the lock)."""
         conn, self._conn = self._conn, None
         self.leading.clear()
+        self.outbox.keep(False)
         if conn is not None and not conn.is_closed():
             try:
                 await asyncio.wait_for(conn.close(), 2)
@@ -132,12 +178,23 @@ class OutboxRelay:
         conn = self._conn
         async with conn.transaction():
             await act_as(conn, ALL_TENANTS)
-            rows = await conn.fetch("SELECT id, stream, fields FROM outbox WHERE published_at IS NULL"
+            rows = await conn.fetch("SELECT id, stream FROM outbox WHERE published_at IS NULL"
                                     " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
+            known = self.outbox.known([row_id for row_id, _ in rows])
+            unknown = [row_id for row_id, _ in rows if row_id not in known]
+            fields_of = dict(await conn.fetch("SELECT id, fields FROM outbox WHERE id = ANY($1::bigint[])",
+                                              unknown)) if unknown else {}
+            self.read_back += len(unknown)
         published: list[int] = []
         failed: list[tuple[int, dict]] = []
         ready: list[tuple[int, Envelope, str]] = []
-        for row_id, stream, fields in rows:
+        for row_id, stream in rows:
+            if row_id in known:  # written by this process: the envelope it printed, not read back
+                ready.append((row_id, known[row_id], stream))
+                continue
+            fields = fields_of.get(row_id)
+            if fields is None:  # deleted since (a forgotten user's): nothing left to publish
+                continue
             try:
                 # The row's fields are checked, not its payload parsed again: this service printed it from
                 # a message (an older version is still upcast and checked); consumers check it anyway.
@@ -156,6 +213,7 @@ class OutboxRelay:
         finally:
             if published or failed:
                 await asyncio.shield(self._settle(conn, published, failed))
+                self.outbox.forget(published)
         return len(rows)
 
     @staticmethod

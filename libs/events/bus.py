@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import hiredis
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
-from opentelemetry import metrics
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -80,11 +80,43 @@ local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence > tonumber(ARGV[1]) then return redis.error_reply('FENCED term ' .. ARGV[1] .. ' < ' .. fence) end
 return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
 """
+# A batch of them in one script call (KEYS[1]: the fence; KEYS[2..]: the target streams; ARGV[1]: the term,
+# then per entry its target's index in KEYS, its field count and its fields): the fence is checked once, and
+# nothing runs between the XADDs of a script. Returns how many went.
+_FENCED_XADDS = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+if fence > tonumber(ARGV[1]) then return redis.error_reply('FENCED term ' .. ARGV[1] .. ' < ' .. fence) end
+local i, sent = 2, 0
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 1])
+  redis.call('XADD', KEYS[tonumber(ARGV[i])], '*', unpack(ARGV, i + 2, i + 1 + n))
+  i = i + 2 + n
+  sent = sent + 1
+end
+return sent
+"""
 _RAISE_FENCE = """
 local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
 if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return redis.call('GET', KEYS[1])
 """
+
+
+async def _send_packed(client: Redis, command: tuple) -> Any:
+    """Send `command` (str and int arguments) packed by hiredis in C, and read its reply: redis-py packs
+    in Python, about 40 µs for an event's arguments where hiredis takes 5 (the same bytes)."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        await conn.send_packed_command([hiredis.pack_command(command)])
+        return await conn.read_response()
+    except ResponseError:
+        raise  # an error reply: the connection is fine
+    except BaseException:
+        await conn.disconnect()  # cut mid-command (cancelled, connection lost): not reused half-read
+        raise
+    finally:
+        await pool.release(conn)
 
 
 class Fenced(Exception):
@@ -178,8 +210,9 @@ class EventBus:
         """XADD each (envelope, stream) in order, in one round trip, while `fence` allows; return how many went.
 
         One pipeline means one fsync for the batch under `appendfsync always` (Redis fsyncs once per
-        event-loop turn), which is what makes durable publication affordable. The fence is checked
-        per entry, so a fence raised mid-batch stops the rest; the count says where.
+        event-loop turn), which is what makes durable publication affordable. The batch is one script call:
+        the fence is checked once for all of it (nothing runs between a script's XADDs), and a fenced batch
+        sends nothing (0).
         """
         if not items:
             return 0
@@ -203,29 +236,30 @@ class EventBus:
         return sent
 
     async def _fenced_xadds(self, client: Redis, items: list[tuple[Envelope, str]], fence: tuple[str, int]) -> int:
-        """The pipeline of fenced XADDs by the script's digest (EVALSHA: not its text per event); a Redis
-        that lost its scripts (restarted, SCRIPT FLUSH) gets the script again and the rest is sent again."""
-        script = _FENCED_XADD
+        """The fenced XADDs of the batch in one call of the script by its digest (EVALSHA): one command to
+        pack and answer instead of one per event (redis-py packs commands in Python: per event, that was most
+        of the relay's CPU). A Redis that lost its scripts (restarted, SCRIPT FLUSH) gets it again."""
+        script = _FENCED_XADDS
         digest = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by their SHA-1
-        sent = 0
+        keys: dict[str, int] = {fence[0]: 1}
+        args: list[object] = [fence[1]]
+        for envelope, stream in items:
+            fields = envelope.to_fields()
+            args += (keys.setdefault(self.stream_name(stream), len(keys) + 1), len(fields) * 2)
+            for pair in fields.items():
+                args += pair
         for attempt in range(2):
-            pipe = client.pipeline(transaction=False)
-            for envelope, stream in items[sent:]:
-                flat = [item for pair in envelope.to_fields().items() for item in pair]
-                pipe.evalsha(digest, 2, self.stream_name(stream), fence[0], fence[1], *flat)
-            results = await pipe.execute(raise_on_error=False)
-            for result in results:
-                if isinstance(result, Exception):
-                    if "FENCED" in str(result):
-                        return sent
-                    if isinstance(result, NoScriptError) and attempt == 0:
-                        break
-                    raise result
-                sent += 1
-            else:
-                return sent
-            await client.script_load(script)
-        return sent
+            try:
+                return int(await _send_packed(client, ("EVALSHA", digest, len(keys), *keys, *args)))
+            except NoScriptError:
+                if attempt:
+                    raise
+                await client.script_load(script)
+            except ResponseError as exc:
+                if "FENCED" in str(exc):
+                    return 0
+                raise
+        return 0
 
     def subscribe(self, stream: str, group: str, handler: Handler) -> None:
         """Register `handler` for `stream` in consumer group `group`; call before start()."""

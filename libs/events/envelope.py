@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from libs.auth import TENANT_ID_RULE, is_tenant_id
 from libs.errors import DomainError
+from libs.events.fast_json import parse_plain
 from libs.events.schema import EVENT_TYPES, EventType
 from libs.events.upcasting import UpcastError, upcast_payload
 from libs.telemetry import current_traceparent
@@ -114,8 +115,11 @@ class Envelope:
         if parsed is None:
             try:
                 # A newer version than this consumer knows is read tolerantly: known fields only.
-                parsed = json_format.Parse(self.payload, self.spec.message(),
-                                           ignore_unknown_fields=self.schema_version > self.spec.version)
+                # The plain payloads without protobuf's pure-Python walk; any other, json_format reads.
+                parsed = parse_plain(self.payload, self.spec.message())
+                if parsed is None:
+                    parsed = json_format.Parse(self.payload, self.spec.message(),
+                                               ignore_unknown_fields=self.schema_version > self.spec.version)
             except json_format.ParseError as exc:
                 raise MalformedEvent(
                     field="payload", reason=f"not a valid {self.spec.message.__name__}: {exc}",

@@ -70,7 +70,9 @@ def command_from_proto(msg: memory_pb2.WriteMemoryRequest, written_by: str = "")
         layer=msg.layer, source=msg.source, content=msg.content, key=msg.key, confidence=msg.confidence,
         tags=tuple(msg.tags), derived_from=tuple(msg.derived_from), step_id=msg.step_id,
         expires_at=msg.expires_at.ToDatetime(tzinfo=UTC) if msg.HasField("expires_at") else None,
-        idempotency_key=msg.idempotency_key, attributes=json_format.MessageToDict(msg.attributes),
+        idempotency_key=msg.idempotency_key,
+        # (json_format's printer walks even an empty Struct: about 20 µs a command)
+        attributes=json_format.MessageToDict(msg.attributes) if msg.attributes.fields else {},
         written_by=written_by,
     )
 

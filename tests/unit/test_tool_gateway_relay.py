@@ -9,10 +9,14 @@ import contextlib
 import json
 from typing import Any
 
+import httpx2
 import pytest
+from gateway_fakes import fake_ports
 
-from libs.auth import Principal
+from libs.auth import Principal, TokenVerifier, issue_token
+from libs.config import Settings
 from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, _OneCall
+from services.tool_gateway.entrypoints.mcp_server import http_app
 from services.tool_gateway.entrypoints.mcp_relay import ClientRelay, LocalLogLevels, RelayAnswers, level_key
 from services.tool_gateway.entrypoints.mcp_sessions import cancel_key, capabilities_of_session, session_for
 from services.tool_gateway.service_layer.call_context import RelayRefused
@@ -143,3 +147,44 @@ async def test_the_lean_caller_relays_an_upstreams_requests_and_log_messages_mid
     await asyncio.gather(*lean._background)
     assert pool.posted[-1]["id"] == 9 and pool.posted[-1]["error"]["code"] == -32021
     assert await lean._take({"jsonrpc": "2.0", "id": "gw-2", "result": {"content": []}}, alone) == {"content": []}
+
+
+# --- the whole HTTP app in process ---------------------------------------------------------------------------
+
+SETTINGS = Settings(jwt_secret="unit-test-secret-0123456789abcdef0123")
+
+
+@contextlib.asynccontextmanager
+async def gateway_http(**kwargs):
+    """The gateway's MCP HTTP app in process (its lifespan started), and a token for a caller of tenant acme."""
+    app = http_app(fake_ports(), TokenVerifier(SETTINGS), **kwargs)
+    events: asyncio.Queue = asyncio.Queue()
+    await events.put({"type": "lifespan.startup"})
+    started = asyncio.Event()
+
+    async def lifespan_send(message) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    lifespan = asyncio.create_task(app({"type": "lifespan", "state": {}}, events.get, lifespan_send))
+    await started.wait()
+    token = issue_token(SETTINGS, subject="alice", tenant_id="acme", scopes=["tools:*"])
+    try:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1:8765",
+                                      headers={"Authorization": f"Bearer {token}",
+                                               "Accept": "application/json, text/event-stream"}) as http:
+            yield http
+    finally:
+        await events.put({"type": "lifespan.shutdown"})
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(lifespan, 5)
+
+
+async def test_initialize_with_params_that_are_not_an_object_is_answered_invalid_params() -> None:
+    async with gateway_http() as http:
+        for params in ("x", [1], 5):
+            reply = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == -32602, reply.text
+        cancel = await http.post("/mcp", headers={"Mcp-Session-Id": "s1"},
+                                 json={"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 5})
+        assert cancel.status_code < 500

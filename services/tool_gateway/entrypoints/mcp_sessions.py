@@ -171,11 +171,13 @@ class StatelessSessions:
             await self.app(scope, receive, send)
             return
         if message.get("method") == "notifications/cancelled" and "id" not in message and session:
-            await self._cancel(scope, session, message.get("params") or {})
+            params = message.get("params")
+            await self._cancel(scope, session, params if isinstance(params, dict) else {})
             await Response(status_code=202)(scope, receive, send)
             return
         if message.get("method") == "initialize" and "id" in message and not session:
-            new_session = session_for((message.get("params") or {}).get("capabilities"))
+            params = message.get("params")  # malformed params: the SDK answers -32602 (the id is not used)
+            new_session = session_for(params.get("capabilities") if isinstance(params, dict) else None)
 
             async def send_with_session(msg: Message) -> None:
                 if msg["type"] == "http.response.start" and msg["status"] == 200:

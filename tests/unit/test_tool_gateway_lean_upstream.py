@@ -1,5 +1,6 @@
 """The lean upstream caller's parts without a network: the HTTP/1.1 response reader (bodies by length, chunked,
-up to the end; lines of an SSE stream) and the output-schema check a lean call keeps from the SDK client."""
+up to the end; lines of an SSE stream), the output-schema check a lean call keeps from the SDK client, and the
+renewal of an upstream's subscriptions on reconnection."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import asyncio
 
 import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 
+from services.tool_gateway.adapters import upstreams
 from services.tool_gateway.adapters.http1 import ProtocolError, _parse_head
-from services.tool_gateway.adapters.upstreams import _check_output, _Connection
+from services.tool_gateway.adapters.upstream_catalog import Catalog
+from services.tool_gateway.adapters.upstreams import UpstreamManager, _check_output, _Connection
 from services.tool_gateway.domain import BackendFailed
 from services.tool_gateway.domain.upstream import UpstreamConfig
 
@@ -81,3 +85,52 @@ def test_a_lean_call_s_result_must_match_the_upstream_tool_s_output_schema() -> 
     with pytest.raises(BackendFailed, match="no structured content"):
         _check_output(conn, "lookup", types.CallToolResult(content=[]))
     _check_output(_connection_with(None), "lookup", types.CallToolResult(content=[]))  # no schema: no check
+
+
+class _ReconnectingClient:
+    """The SDK client of an upstream that subscribes, except to a resource it no longer serves."""
+
+    protocol_version = "2025-11-25"
+    server_capabilities = types.ServerCapabilities(resources=types.ResourcesCapability(subscribe=True))
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.subscribed: list[str] = []
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    async def list_tools(self, **kwargs):
+        return types.ListToolsResult(tools=[types.Tool(name="echo", input_schema={"type": "object"})])
+
+    async def subscribe_resource(self, uri: str) -> None:
+        if uri == "fixture://gone":
+            raise MCPError(types.INVALID_PARAMS, "no such resource")
+        self.subscribed.append(uri)
+
+
+async def test_a_refused_renewal_of_a_subscription_drops_that_uri_and_the_upstream_stays_up(monkeypatch) -> None:
+    async def no_catalog(client, prefix, names):
+        return Catalog()
+
+    monkeypatch.setattr(upstreams, "Client", _ReconnectingClient)
+    monkeypatch.setattr(upstreams, "list_catalog", no_catalog)
+    monkeypatch.setattr(UpstreamManager, "_transport", lambda self, conn, stack: (None, None))
+    manager = UpstreamManager(ping_seconds=60)
+    config = UpstreamConfig(name="up", url="http://127.0.0.1:9/mcp")
+    manager.connections["up"] = conn = upstreams._Connection(config)
+    conn.subscribed.update({"fixture://gone", "fixture://motd"})  # what the previous connection subscribed to
+    manager.status["up"] = upstreams.UpstreamStatus()
+    task = asyncio.create_task(manager._supervise("up"))
+    try:
+        for _ in range(100):
+            if conn.client is not None and conn.subscribed == {"fixture://motd"}:
+                break
+            await asyncio.sleep(0.01)
+        assert manager.status["up"].state == "up" and [s.name for s in manager.specs()] == ["up.echo"]
+        assert conn.subscribed == {"fixture://motd"} and conn.client.subscribed == ["fixture://motd"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -164,12 +164,10 @@ class UpstreamManager:
                     conn.client = client
                     conn.lean = self._lean(conn, client, lean_parts, stack)
                     await self._refresh(name, conn)
-                    if conn.subscribed and _subscribes(client):
-                        for uri in sorted(conn.subscribed):
-                            await client.subscribe_resource(uri)
                     status.state, status.reason, failures = "up", "", 0
                     self._rebuild()
                     log.info("upstream connected", upstream=name, tools=len(conn.tools))
+                    await self._renew_subscriptions(name, conn, client)
                     await self._watch(name, conn)
             except asyncio.CancelledError:
                 raise
@@ -184,6 +182,23 @@ class UpstreamManager:
             log.warning("upstream down", upstream=name, reason=status.reason, retry_in=round(delay, 2))
             await asyncio.sleep(delay)
             status.state = "connecting"
+
+    @staticmethod
+    async def _renew_subscriptions(name: str, conn: _Connection, client: Client) -> None:
+        """Subscribe the new connection to what the old one was subscribed to, once the upstream is up: one
+        URI refused (gone, or the upstream no longer subscribes) is logged and dropped, never the upstream."""
+        if not conn.subscribed:
+            return
+        if not _subscribes(client):
+            conn.subscribed.clear()
+            return
+        for uri in sorted(conn.subscribed):
+            try:
+                await client.subscribe_resource(uri)
+            except Exception as exc:  # noqa: BLE001 - a broken transport is the watch's to see
+                conn.subscribed.discard(uri)
+                log.warning("upstream subscription not renewed", upstream=name, uri=uri[:200],
+                            error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     async def _watch(self, name: str, conn: _Connection) -> None:
         while True:

@@ -134,3 +134,24 @@ async def test_a_refused_renewal_of_a_subscription_drops_that_uri_and_the_upstre
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_call_failing_after_the_caller_refused_the_upstreams_request_is_marked_the_callers_doing() -> None:
+    class Lean:
+        def __init__(self, refuse: bool) -> None:
+            self.refuse, self.deadline = refuse, None
+
+        async def call(self, tool, arguments, *, relay, report, asked):
+            self.deadline = asked.deadline
+            asked.refused = self.refuse
+            raise upstreams.UpstreamRefused("the user declined")
+
+    manager = UpstreamManager()
+    conn = _Connection(UpstreamConfig(name="up", url="http://127.0.0.1:9/mcp"))
+    manager.status["up"] = upstreams.UpstreamStatus()
+    for refuse in (True, False):
+        lean = Lean(refuse)
+        with pytest.raises(BackendFailed) as failed:
+            await manager._lean_call("up", conn, lean, "ask", {}, None, None, 30.0)  # type: ignore[arg-type]
+        assert getattr(failed.value, "caller_side", False) is refuse and failed.value.retryable is False
+        assert lean.deadline is not None and 29 < lean.deadline - asyncio.get_running_loop().time() <= 30

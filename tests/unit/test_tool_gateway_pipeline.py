@@ -10,7 +10,7 @@ from gateway_fakes import fake_ports
 
 from libs.auth import Principal
 from libs.errors import Unavailable, ValidationFailed
-from services.tool_gateway.domain import ToolCall, ToolSpec, args_sha256, clean_result
+from services.tool_gateway.domain import BackendFailed, ToolCall, ToolSpec, args_sha256, clean_result
 from services.tool_gateway.service_layer.handlers import list_current_tools
 from services.tool_gateway.service_layer.pipeline import CallPorts, call_tool
 
@@ -165,6 +165,16 @@ async def test_the_breaker_opens_after_consecutive_failures_then_half_opens_and_
     assert len(ports.backends.calls) == 3
     ports.clock.now += 11  # past open_seconds: one probe goes through
     assert (await call_tool(call(), ports)).outcome == "ok"
+    assert await ports.breakers.state("pay.send@1.0.0") == "closed"
+
+
+async def test_a_failure_the_caller_caused_does_not_count_against_the_breaker() -> None:
+    ports = await ports_with(spec())
+    declined = BackendFailed("the upstream tool failed: the user declined")
+    declined.caller_side = True  # type: ignore[attr-defined] - as adapters/upstreams.py marks it
+    ports.backends.behaviours["pay.send"] = failing(*[declined] * 4)
+    outcomes = [await call_tool(call(), ports) for _ in range(4)]
+    assert [o.error.error_type for o in outcomes] == ["backend_error"] * 4  # over the 3 failures that open it
     assert await ports.breakers.state("pay.send@1.0.0") == "closed"
 
 

@@ -15,7 +15,7 @@ from gateway_fakes import fake_ports
 
 from libs.auth import Principal, TokenVerifier, issue_token
 from libs.config import Settings
-from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, _OneCall
+from services.tool_gateway.adapters.upstream_http import CallerAsked, LeanHttpCaller, SessionTracker, _OneCall
 from services.tool_gateway.entrypoints.mcp_server import http_app
 from services.tool_gateway.entrypoints.mcp_relay import ClientRelay, LocalLogLevels, RelayAnswers, level_key
 from services.tool_gateway.entrypoints.mcp_sessions import cancel_key, capabilities_of_session, session_for
@@ -122,7 +122,9 @@ class _Relay:
     async def log(self, params: dict[str, Any]) -> None:
         self.logged.append(params)
 
-    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def ask(self, method: str, params: dict[str, Any], *, within: float | None = None) -> dict[str, Any]:
+        if method == "elicitation/create" and params.get("broken"):
+            raise RuntimeError("the relay broke")
         if method != "sampling/createMessage":
             raise RelayRefused(-32021, "not declared")
         return {"model": "m", "role": "assistant", "content": {"type": "text", "text": "hi"}}
@@ -147,6 +149,55 @@ async def test_the_lean_caller_relays_an_upstreams_requests_and_log_messages_mid
     await asyncio.gather(*lean._background)
     assert pool.posted[-1]["id"] == 9 and pool.posted[-1]["error"]["code"] == -32021
     assert await lean._take({"jsonrpc": "2.0", "id": "gw-2", "result": {"content": []}}, alone) == {"content": []}
+
+
+async def test_a_relayed_request_waits_no_longer_than_the_calls_deadline_allows() -> None:
+    session = session_for({"sampling": {}})
+    relay, sent = relay_of(ALICE, session, RelayAnswers(), timeout=120)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(RelayRefused) as late:
+        await relay.ask("sampling/createMessage", {}, within=0.1)
+    assert late.value.code == -32001 and loop.time() - started < 5 and len(sent) == 1
+    with pytest.raises(RelayRefused):  # no time left: the client is not even asked
+        await relay.ask("sampling/createMessage", {}, within=0)
+    assert len(sent) == 1
+    asked = CallerAsked(loop.time() + 30)
+    assert 27 < asked.within() < 28.1  # what is left, less the upstream's margin (2 s)
+    assert CallerAsked(loop.time() + 1).within() < 0.8 and CallerAsked().within() is None
+
+
+async def test_a_refusal_a_decline_or_a_broken_relay_is_noted_and_the_upstream_always_answered() -> None:
+    pool = _Pool()
+    lean = LeanHttpCaller(pool, "2025-11-25", SessionTracker(), client_info={"name": "gw", "version": "0"})  # type: ignore[arg-type]
+    sampled = _OneCall("gw-1", _Relay(), None)
+    await lean._take({"jsonrpc": "2.0", "id": 1, "method": "sampling/createMessage", "params": {}}, sampled)
+    await asyncio.gather(*sampled.asking)
+    assert not sampled.asked.refused  # answered: the call's outcome is the upstream's
+    broken = _OneCall("gw-2", _Relay(), None)
+    await lean._take({"jsonrpc": "2.0", "id": 2, "method": "elicitation/create", "params": {"broken": 1}}, broken)
+    await asyncio.gather(*broken.asking)
+    assert pool.posted[-1] == {"jsonrpc": "2.0", "id": 2, "error": {
+        "code": -32603, "message": "the gateway could not relay the request"}}
+    refused = _OneCall("gw-3", _Relay(), None)
+    await lean._take({"jsonrpc": "2.0", "id": 3, "method": "elicitation/create", "params": {}}, refused)
+    await asyncio.gather(*refused.asking)
+    assert refused.asked.refused and pool.posted[-1]["error"]["code"] == -32021
+    alone = _OneCall("gw-4", None, None)
+    await lean._take({"jsonrpc": "2.0", "id": 4, "method": "sampling/createMessage", "params": {}}, alone)
+    assert alone.asked.refused
+
+
+async def test_an_elicitation_the_user_declined_is_noted_as_refused() -> None:
+    class Declining(_Relay):
+        async def ask(self, method, params, *, within=None):
+            return {"action": "decline"}
+
+    asked = CallerAsked()
+    assert await asked.ask(Declining(), "elicitation/create", {}) == {"action": "decline"} and asked.refused
+    accepted = CallerAsked()
+    await accepted.ask(_Relay(), "sampling/createMessage", {})
+    assert not accepted.refused
 
 
 # --- the whole HTTP app in process ---------------------------------------------------------------------------

@@ -41,25 +41,59 @@ from libs.logs import get_logger
 from services.tool_gateway.adapters.http1 import Http1Pool, Http1Response
 from services.tool_gateway.service_layer.call_context import CallRelay, ProgressFn, RelayRefused
 
-__all__ = ["LeanHttpCaller", "SessionTracker", "UpstreamBroken", "UpstreamRefused"]
+__all__ = ["CallerAsked", "LeanHttpCaller", "SessionTracker", "UpstreamBroken", "UpstreamRefused"]
 
 log = get_logger(__name__)
 _METHOD_NOT_FOUND = -32601
 _MISSING_CAPABILITY = -32021
+_INTERNAL_ERROR = -32603
 _LIST_CHANGED = "notifications/tools/list_changed"
 LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"  # 2026-07-28: a request's opt-in to log messages
 RELAYED_REQUESTS = frozenset({"sampling/createMessage", "elicitation/create"})
 MAX_ROUNDS = 8  # input_required rounds of one call (2026-07-28)
+UPSTREAM_MARGIN = 2.0  # seconds of the call's deadline left to the upstream after a relayed request (at most)
+
+
+class CallerAsked:
+    """What the calling client made of the upstream's requests during one call: `refused` when it could not
+    be asked (-32021), did not answer in time, answered an error, or declined or cancelled an elicitation.
+    The call's failure is then the caller's doing, not the upstream's (it does not count against its breaker).
+    `deadline`: the loop time by which the call must end; a relayed request waits no longer (less a margin)."""
+
+    __slots__ = ("refused", "deadline")
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.refused, self.deadline = False, deadline
+
+    def within(self) -> float | None:
+        """How long a relayed request may wait for the client: what is left of the deadline, less the time the
+        upstream needs to answer the call after it (UPSTREAM_MARGIN, or a quarter of what is left)."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - asyncio.get_running_loop().time()
+        return max(0.0, left - min(UPSTREAM_MARGIN, left / 4))
+
+    async def ask(self, relay: CallRelay, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = await relay.ask(method, params, within=self.within())
+        except RelayRefused:
+            self.refused = True
+            raise
+        if method == "elicitation/create" and result.get("action") in ("decline", "cancel"):
+            self.refused = True
+        return result
 
 
 class _OneCall:
     """One tools/call POST: its id, and where what the upstream sends beside the answer goes."""
 
-    __slots__ = ("request_id", "relay", "report", "asking")
+    __slots__ = ("request_id", "relay", "report", "asking", "asked")
 
-    def __init__(self, request_id: str, relay: CallRelay | None, report: ProgressFn | None) -> None:
+    def __init__(self, request_id: str, relay: CallRelay | None, report: ProgressFn | None,
+                 asked: CallerAsked | None = None) -> None:
         self.request_id, self.relay, self.report = request_id, relay, report
         self.asking: set[asyncio.Task] = set()  # the upstream's requests being asked of the client
+        self.asked = asked or CallerAsked()
 
 
 class UpstreamRefused(Exception):
@@ -103,16 +137,18 @@ class LeanHttpCaller:
         return headers
 
     async def call(self, tool: str, arguments: dict[str, Any], *, relay: CallRelay | None = None,
-                   report: ProgressFn | None = None) -> dict[str, Any]:
+                   report: ProgressFn | None = None, asked: CallerAsked | None = None) -> dict[str, Any]:
         """The call's JSON-RPC `result` (a CallToolResult as the upstream sent it).
 
         `relay`: the calling client, to which the upstream's log messages and requests go (and whose
         answers come back); `report`: where its progress goes. A 2026-07-28 upstream that answers
         `input_required` has its input requests asked of the client and the call retried with the
-        answers, up to MAX_ROUNDS times."""
+        answers, up to MAX_ROUNDS times. `asked`: where what the client made of those requests is noted, and
+        the call's deadline they must fit in."""
+        asked = asked or CallerAsked()
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
         for _ in range(MAX_ROUNDS):
-            result = await self._call_once(tool, params, relay, report)
+            result = await self._call_once(tool, params, relay, report, asked)
             if result.get("resultType") != "input_required" or relay is None:
                 return result
             requests = result.get("inputRequests") or {}
@@ -121,7 +157,7 @@ class LeanHttpCaller:
                 if not isinstance(request, dict) or not isinstance(request.get("method"), str):
                     continue
                 try:
-                    answers[key] = await relay.ask(request["method"], request.get("params") or {})
+                    answers[key] = await asked.ask(relay, request["method"], request.get("params") or {})
                 except RelayRefused as exc:
                     raise UpstreamRefused(f"the client could not answer {request['method']}: {exc.message}") from None
             params = {"name": tool, "arguments": arguments, "inputResponses": answers}
@@ -130,7 +166,7 @@ class LeanHttpCaller:
         raise UpstreamRefused(f"the upstream asked for input more than {MAX_ROUNDS} times")
 
     async def _call_once(self, tool: str, params: dict[str, Any], relay: CallRelay | None,
-                         report: ProgressFn | None) -> dict[str, Any]:
+                         report: ProgressFn | None, asked: CallerAsked | None = None) -> dict[str, Any]:
         request_id = f"gw-{next(self._ids)}"  # never one of the SDK session's integer ids
         params = dict(params)
         headers = self._headers()
@@ -149,7 +185,7 @@ class LeanHttpCaller:
             params["_meta"] = meta
         body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params},
                           separators=(",", ":"))
-        call = _OneCall(request_id, relay, report)
+        call = _OneCall(request_id, relay, report, asked)
         try:
             async with self.http.post(body.encode(), headers) as response:
                 return await self._answer(response, call)
@@ -193,10 +229,11 @@ class LeanHttpCaller:
             params = message.get("params") if isinstance(message.get("params"), dict) else {}
             if "id" in message:  # the upstream asks something of the client
                 if call.relay is not None and method in RELAYED_REQUESTS:
-                    task = asyncio.create_task(self._relay_request(call.relay, message["id"], method, params))
+                    task = asyncio.create_task(self._relay_request(call, message["id"], method, params))
                     call.asking.add(task)
                     task.add_done_callback(call.asking.discard)
                 elif method in RELAYED_REQUESTS:  # a client the gateway cannot reach mid-call
+                    call.asked.refused = True
                     self._later(self._post({"jsonrpc": "2.0", "id": message["id"], "error": {
                         "code": _MISSING_CAPABILITY, "message": "the calling client cannot be asked through the "
                         "gateway (it has no 2025-11-25 session with the gateway, or it calls over gRPC)"}}))
@@ -222,12 +259,16 @@ class LeanHttpCaller:
         result = message.get("result")
         return result if isinstance(result, dict) else {}
 
-    async def _relay_request(self, relay: CallRelay, request_id: Any, method: str, params: dict[str, Any]) -> None:
-        """Ask the client, answer the upstream (its result or a JSON-RPC error)."""
+    async def _relay_request(self, call: _OneCall, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        """Ask the client, answer the upstream (its result or a JSON-RPC error; -32603 when relaying failed)."""
+        assert call.relay is not None
         try:
-            answer: dict[str, Any] = {"result": await relay.ask(method, params)}
+            answer: dict[str, Any] = {"result": await call.asked.ask(call.relay, method, params)}
         except RelayRefused as exc:
             answer = {"error": {"code": exc.code, "message": exc.message}}
+        except Exception as exc:  # noqa: BLE001 - the upstream waits for an answer whatever went wrong here
+            log.warning("relayed request failed", method=method, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            answer = {"error": {"code": _INTERNAL_ERROR, "message": "the gateway could not relay the request"}}
         await self._post({"jsonrpc": "2.0", "id": request_id, **answer})
 
     def _later(self, coro) -> None:

@@ -32,6 +32,7 @@ from libs.logs import get_logger
 from services.tool_gateway.adapters.http1 import Http1Pool
 from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
 from services.tool_gateway.adapters.upstream_http import (
+    CallerAsked,
     LeanHttpCaller,
     SessionTracker,
     UpstreamBroken,
@@ -305,7 +306,7 @@ class UpstreamManager:
         if conn.lean is not None and (report is None or relay is not None):  # one POST (upstream_http.py)
             # With a relay, the upstream's log messages, progress and requests (sampling, elicitation)
             # made on the call's stream go to the calling client; stdio and TLS upstreams relay progress only.
-            return await self._lean_call(upstream, conn, conn.lean, tool, arguments, relay, report)
+            return await self._lean_call(upstream, conn, conn.lean, tool, arguments, relay, report, timeout)
         try:
             # Progress the upstream reports is relayed to the caller (when it asked for it); a call
             # cancelled here (the caller went away) makes the SDK client send the upstream
@@ -321,11 +322,16 @@ class UpstreamManager:
         return _result(result)
 
     async def _lean_call(self, upstream: str, conn: _Connection, lean: LeanHttpCaller, tool: str,
-                         arguments: dict[str, Any], relay=None, report=None) -> dict[str, Any]:
+                         arguments: dict[str, Any], relay=None, report=None,
+                         timeout: float | None = None) -> dict[str, Any]:
+        """`timeout`: the call's deadline from now (the pipeline's), which relayed requests must fit in. A call
+        that fails after the calling client refused, declined or did not answer what the upstream asked fails
+        on the caller's side (`caller_side`): it does not count against the upstream's shared breaker."""
+        asked = CallerAsked(None if timeout is None else asyncio.get_running_loop().time() + timeout)
         try:
-            raw = await lean.call(tool, arguments, relay=relay, report=report)
+            raw = await lean.call(tool, arguments, relay=relay, report=report, asked=asked)
         except UpstreamRefused as exc:
-            raise _refused(exc.message) from None
+            raise _caller_side(_refused(exc.message), asked.refused) from None
         except UpstreamBroken as exc:
             self.status[upstream].reason = str(exc)
             conn.broken.set()
@@ -341,7 +347,10 @@ class UpstreamManager:
                                 hint="operators: check the upstream server") from None
         if not result.is_error:
             _check_output(conn, tool, result)
-        return _result(result)
+        try:
+            return _result(result)
+        except BackendFailed as exc:
+            raise _caller_side(exc, asked.refused) from None
 
 
 def _subscribes(client: Client) -> bool:
@@ -365,6 +374,16 @@ def _check_output(conn: _Connection, tool: str, result: types.CallToolResult) ->
         where = "/".join(str(p) for p in error.path) or "(root)"
         raise BackendFailed(f"the upstream tool {tool} returned a result that does not match its output schema "
                             f"({where}: {error.message[:200]})", hint="operators: check the upstream server")
+
+
+def _caller_side(error: BackendFailed, refused: bool) -> BackendFailed:
+    """`error`, marked the caller's doing when the caller refused the upstream's request (pipeline: not
+    counted against the breaker, not retried: the client would be asked again)."""
+    if refused:
+        error.caller_side = True  # type: ignore[attr-defined]
+        error.retryable = False
+        error.hint = "the upstream needed an answer from the calling client (sampling or elicitation) and got none"
+    return error
 
 
 def _refused(message: str) -> BackendFailed:

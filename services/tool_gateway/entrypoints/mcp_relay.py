@@ -136,20 +136,25 @@ class ClientRelay:
         if level in LOG_LEVELS and LOG_LEVELS.index(level) >= self._minimum:
             await self.emit({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
 
-    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def ask(self, method: str, params: dict[str, Any], *, within: float | None = None) -> dict[str, Any]:
+        """`within`: what is left of the call's deadline for the answer (the wait is the shorter of it and
+        `timeout`): a slow answer fails the upstream's request before the call itself runs out of time."""
         need = _NEEDS.get(method)
         if need is None or need not in self.capabilities:
             raise RelayRefused(MISSING_CAPABILITY, f"the calling client did not declare the {need or method} "
                                                    "capability to the gateway")
+        wait = self.timeout if within is None else min(self.timeout, within)
+        if wait <= 0:
+            raise RelayRefused(REQUEST_TIMEOUT, f"no time is left in the call's deadline to ask the client {method}")
         relay_id = f"{RELAY_ID_PREFIX}{uuid.uuid4().hex}"
         with self.answers.waiting(cancel_key(self.principal, self.session, relay_id)) as answer:
             await self.emit({"jsonrpc": "2.0", "id": relay_id, "method": method, "params": params})
             try:
-                async with asyncio.timeout(self.timeout):
+                async with asyncio.timeout(wait):
                     reply = await answer
             except TimeoutError:
                 raise RelayRefused(REQUEST_TIMEOUT, f"the calling client did not answer {method} within "
-                                                    f"{self.timeout:g} s") from None
+                                                    f"{wait:.3g} s") from None
         if "error" in reply:
             error = reply["error"] if isinstance(reply["error"], dict) else {}
             code = error.get("code")

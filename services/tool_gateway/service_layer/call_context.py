@@ -56,8 +56,9 @@ class CallRelay(Protocol):
         """Pass an upstream's `notifications/message` params on (the relay filters by the caller's level)."""
         ...
 
-    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Ask the client (`sampling/createMessage`, `elicitation/create`); its result, or RelayRefused."""
+    async def ask(self, method: str, params: dict[str, Any], *, within: float | None = None) -> dict[str, Any]:
+        """Ask the client (`sampling/createMessage`, `elicitation/create`); its result, or RelayRefused.
+        `within`: seconds left for the answer in the call's deadline (the relay's own timeout applies too)."""
         ...
 
 

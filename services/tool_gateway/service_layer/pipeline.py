@@ -207,8 +207,10 @@ async def _attempt(spec: ToolSpec, arguments: dict[str, Any], deadline_at: float
                 await ports.breakers.record(breaker_key(spec), True)
             return result, attempt, ""
         # A backend's own fault counts against it when retryable (a SOAP Server fault); a fault that says the
-        # request was wrong (a Client fault) does not.
-        if error.error_type in _BREAKER_ERRORS or (error.error_type == "backend_fault" and error.retryable):
+        # request was wrong (a Client fault) does not, nor a failure the caller caused (it refused, declined or
+        # did not answer what an upstream asked it mid-call: `caller_side`).
+        if (error.error_type in _BREAKER_ERRORS or (error.error_type == "backend_fault" and error.retryable)) \
+                and not getattr(error, "caller_side", False):
             await ports.breakers.record(breaker_key(spec), False)
         left = None if deadline_at is None else deadline_at - ports.clock()
         if not error.retryable or attempt == attempts or (left is not None and left <= 0):
@@ -291,7 +293,8 @@ async def _run(call: ToolCall, admitted: Admitted, ports: CallPorts) -> CallOutc
             await _count_arm(spec, rollout, arm, True, ports)
     except DomainError as primary:
         if arm:
-            failed = primary.error_type in _BREAKER_ERRORS or primary.error_type == "circuit_open"
+            failed = (primary.error_type in _BREAKER_ERRORS or primary.error_type == "circuit_open") \
+                and not getattr(primary, "caller_side", False)
             await _count_arm(spec, rollout, arm, not failed, ports)
         # An operation that may have happened (its status tool said running, or could not say) is not repeated
         # by a fallback either.

@@ -1,56 +1,62 @@
 """The logging level each MCP session set (`logging/setLevel`) and the resources it subscribed to
 (`resources/subscribe`), in Redis so that every replica reads them.
 
-Keyed by (tenant, subject, session id): a client sets only its own sessions' levels. A level
-lives `ttl_seconds` after it was set (a day by default); a session that never set one, or whose
-level expired, gets every level relayed (mcp_relay.ClientRelay).
+Keyed by (tenant, subject, session id), hashed: a client sets only its own sessions' levels. The
+keys follow the gateway's naming (`<namespace>.tool-gateway.<kind>.<hash>`, redis_state._Keys), so
+the namespace's cleanup and the ACL's key pattern cover them. A level lives `ttl_seconds` after it
+was set (a day by default); a session that never set one, or whose level expired, gets every level
+relayed (mcp_relay.ClientRelay).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 
-import redis.asyncio
+from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
 
 __all__ = ["RedisLogLevels", "RedisSubscribed"]
 
 
-class RedisLogLevels:
-    def __init__(self, client: Callable[[], Awaitable[redis.asyncio.Redis]], namespace: str, *,
-                 ttl_seconds: int = 86_400) -> None:
-        self.client, self.namespace, self.ttl_seconds = client, namespace, ttl_seconds
+def _hashed(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
-    def _key(self, key: str) -> str:
-        return f"{self.namespace}:tool:loglevel:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+class RedisLogLevels(_Keys):
+    def __init__(self, client: RedisFactory, namespace: str, *, ttl_seconds: int = 86_400) -> None:
+        super().__init__(client, namespace, "loglevel")
+        self.ttl_seconds = ttl_seconds
 
     async def get(self, key: str) -> str | None:
-        value = await (await self.client()).get(self._key(key))
+        value = await (await self._redis()).get(self.key(_hashed(key)))
         return value.decode() if isinstance(value, bytes) else value
 
     async def set(self, key: str, level: str) -> None:
-        await (await self.client()).set(self._key(key), level, ex=self.ttl_seconds)
+        await (await self._redis()).set(self.key(_hashed(key)), level, ex=self.ttl_seconds)
 
 
-class RedisSubscribed:
+# Add a URI to a session's set unless the set is full (KEYS[1]; ARGV: uri, limit, ttl): 1 added or there, 0 full.
+_ADD = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 and redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
+class RedisSubscribed(_Keys):
     """A set of URIs per session, living `ttl_seconds` after its last change."""
 
-    def __init__(self, client: Callable[[], Awaitable[redis.asyncio.Redis]], namespace: str, *,
-                 ttl_seconds: int = 86_400) -> None:
-        self.client, self.namespace, self.ttl_seconds = client, namespace, ttl_seconds
+    def __init__(self, client: RedisFactory, namespace: str, *, ttl_seconds: int = 86_400) -> None:
+        super().__init__(client, namespace, "subscribed")
+        self.ttl_seconds = ttl_seconds
 
-    def _key(self, key: str) -> str:
-        return f"{self.namespace}:tool:subscribed:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
-
-    async def add(self, key: str, uri: str) -> None:
-        redis_client = await self.client()
-        async with redis_client.pipeline(transaction=True) as pipe:
-            pipe.sadd(self._key(key), uri)
-            pipe.expire(self._key(key), self.ttl_seconds)
-            await pipe.execute()
+    async def add(self, key: str, uri: str, limit: int) -> bool:
+        return bool(await self.run_script(_ADD, [self.key(_hashed(key))], [uri, limit, self.ttl_seconds]))
 
     async def remove(self, key: str, uri: str) -> None:
-        await (await self.client()).srem(self._key(key), uri)
+        await (await self._redis()).srem(self.key(_hashed(key)), uri)
 
     async def has(self, key: str, uri: str) -> bool:
-        return bool(await (await self.client()).sismember(self._key(key), uri))
+        return bool(await (await self._redis()).sismember(self.key(_hashed(key)), uri))

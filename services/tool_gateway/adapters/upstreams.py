@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from libs.errors import NotFound, Unavailable
+from libs.errors import NotFound, Unavailable, ValidationFailed
 from libs.safe_schema import SafeValidator
 from libs.logs import get_logger
 from services.tool_gateway.adapters.http1 import Http1Pool
@@ -47,6 +47,7 @@ from services.tool_gateway.service_layer.call_context import call_relay, progres
 __all__ = ["UpstreamConfig", "UpstreamManager", "UpstreamStatus", "load_upstreams"]
 
 log = get_logger(__name__)
+MAX_SUBSCRIBED_PER_UPSTREAM = 10_000  # resource URIs one upstream connection is subscribed to, for all callers
 CLIENT_INFO = {"name": "mnemesh-tool-gateway", "version": version("mnemesh")}  # how the gateway introduces itself
 
 
@@ -278,12 +279,18 @@ class UpstreamManager:
         connection that declares subscriptions); otherwise nothing (2026-07-28 has subscriptions/listen).
 
         The connection serves every caller, so a subscription is never dropped for one caller's
-        unsubscribe (the gateway filters updates per session); it is renewed when the upstream reconnects."""
+        unsubscribe (the gateway filters updates per session); it is renewed when the upstream reconnects.
+        A URI subscribed to already is not asked again; a connection holds at most MAX_SUBSCRIBED_PER_UPSTREAM."""
         client = self._client(upstream)
-        if not _subscribes(client):
+        subscribed = self.connections[upstream].subscribed
+        if not _subscribes(client) or uri in subscribed:
             return
+        if len(subscribed) >= MAX_SUBSCRIBED_PER_UPSTREAM:
+            raise ValidationFailed(f"the gateway holds {MAX_SUBSCRIBED_PER_UPSTREAM} subscriptions to the upstream "
+                                   f"{upstream!r} already", field="uri",
+                                   hint="read the resource instead; operators: callers subscribe to too much")
         await client.subscribe_resource(uri)
-        self.connections[upstream].subscribed.add(uri)
+        subscribed.add(uri)
 
     async def get_prompt(self, upstream: str, name: str, arguments: dict[str, str]) -> types.GetPromptResult:
         return await self._client(upstream).get_prompt(name, arguments)

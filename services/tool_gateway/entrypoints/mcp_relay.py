@@ -40,9 +40,13 @@ from starlette.types import Receive, Scope, Send
 
 from libs.auth import Principal
 from libs.logs import get_logger
-from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.entrypoints.mcp_fast import FastCalls
-from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, cancel_key, capabilities_of_session
+from services.tool_gateway.entrypoints.mcp_sessions import (
+    SESSION_HEADER,
+    STATE_ERRORS,
+    cancel_key,
+    capabilities_of_session,
+)
 from services.tool_gateway.entrypoints.mcp_sessions import session_key as level_key
 from services.tool_gateway.service_layer.call_context import RelayRefused, relaying, reporting_progress
 
@@ -129,7 +133,8 @@ class ClientRelay:
         if self._minimum is None:
             try:
                 level = await self.levels.get(level_key(self.principal, self.session))
-            except TRANSIENT_ERRORS:
+            except STATE_ERRORS as exc:  # the call goes on, with every level relayed
+                log.warning("logging level not read", error=type(exc).__name__)
                 level = None
             self._minimum = LOG_LEVELS.index(level) if level in LOG_LEVELS else 0
         level = params.get("level")
@@ -205,7 +210,7 @@ class RelayCalls(FastCalls):
         answer = {k: message[k] for k in ("result", "error") if k in message}
         try:
             await self.answers.publish(cancel_key(principal, session, message["id"]), answer)
-        except TRANSIENT_ERRORS as exc:
+        except STATE_ERRORS as exc:
             log.warning("relayed answer not published", error=type(exc).__name__)
             await Response("the answer could not be passed on; retry", status_code=503)(scope, receive, send)
             return

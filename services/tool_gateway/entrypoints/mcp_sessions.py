@@ -37,6 +37,7 @@ from mcp.shared.subscriptions import (
     ServerEvent,
     ToolsListChanged,
 )
+from redis.exceptions import RedisError
 from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -45,11 +46,14 @@ from libs.auth import Principal
 from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 
-__all__ = ["NOTICE_METHODS", "SESSION_HEADER", "CancelPublisher", "ChangeFeed", "InFlightCalls", "StatelessSessions",
-           "SessionSubscriptions", "cancel_key", "capabilities_of_session", "session_for", "session_key"]
+__all__ = ["NOTICE_METHODS", "SESSION_HEADER", "STATE_ERRORS", "CancelPublisher", "ChangeFeed", "InFlightCalls",
+           "StatelessSessions", "SessionSubscriptions", "cancel_key", "capabilities_of_session", "session_for", "session_key"]
 
 log = get_logger(__name__)
 SESSION_HEADER = "mcp-session-id"
+# What reading or writing the sessions' shared state (Redis) may raise, a refused command (an ACL, a full
+# memory) included: answered as unavailable, or skipped where there is nobody to answer.
+STATE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, RedisError)
 PING_SECONDS = 15.0  # a comment line this often keeps proxies from closing an idle GET stream
 NOTICE_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_changed",
                              PromptsListChanged: "notifications/prompts/list_changed",
@@ -201,7 +205,7 @@ class StatelessSessions:
         if self.cancels is not None:
             try:
                 await self.cancels.publish({"key": key})
-            except TRANSIENT_ERRORS as exc:  # a notification has nobody to answer: log, and the call runs on
+            except STATE_ERRORS as exc:  # a notification has nobody to answer: log, and the call runs on
                 log.warning("cancellation not broadcast", error=type(exc).__name__)
 
     async def _stream(self, session: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -262,7 +266,7 @@ class StatelessSessions:
         assert self.subscriptions is not None
         try:
             subscribed = await self.subscriptions.has(session_key(principal, session), uri)
-        except TRANSIENT_ERRORS as exc:
+        except STATE_ERRORS as exc:  # this update is lost; the stream stays
             log.warning("resource update not sent", error=type(exc).__name__)
             return
         if subscribed:

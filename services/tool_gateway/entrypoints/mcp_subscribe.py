@@ -6,8 +6,10 @@
   others; upstreams are asked for every level and the relay filters per session;
 - `resources/subscribe` is forwarded to the upstream that serves the URI (found in the catalogs the
   caller may see, as for `resources/read`) when that upstream declares subscriptions, and answered
-  `{}`; `resources/unsubscribe` answers `{}` and ends the session's subscription only: the upstream
-  connection serves every caller, so its subscription stays (updates are filtered per session). The gateway's own resources (guides, step results) have no
+  `{}`; `resources/unsubscribe` answers `{}` and ends the session's subscription only (the upstream is not
+  asked, so it works while that upstream is down): the upstream connection serves every caller, so its
+  subscription stays (updates are filtered per session). A session holds at most MAX_PER_SESSION
+  subscriptions (one more is -32602). The gateway's own resources (guides, step results) have no
   updates to send, so subscribing to them is accepted and does nothing. The session's subscriptions
   are kept (`Subscribed`: Redis) for its GET stream, on whichever replica, to pass on
   `notifications/resources/updated` for those URIs only; 2026-07-28 clients name the URIs in their
@@ -25,13 +27,14 @@ from mcp.shared.exceptions import MCPError
 
 from libs.auth import Principal
 from libs.errors import DomainError
-from libs.transient import TRANSIENT_ERRORS
 from services.tool_gateway.domain.guide import GUIDE_PREFIX
 from services.tool_gateway.entrypoints.mcp_guides import STEP_PREFIX, _allowed, _not_found, _relayed
 from services.tool_gateway.entrypoints.mcp_relay import LogLevels, level_key
-from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER
+from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, STATE_ERRORS
 
-__all__ = ["LocalSubscribed", "Subscribed", "UpstreamSubscriptions", "session_handlers"]
+__all__ = ["MAX_PER_SESSION", "LocalSubscribed", "Subscribed", "UpstreamSubscriptions", "session_handlers"]
+
+MAX_PER_SESSION = 100  # resources one session may subscribe to
 
 CallerOf = Callable[[ServerRequestContext], Principal | None]
 
@@ -47,7 +50,9 @@ class UpstreamSubscriptions(Protocol):
 class Subscribed(Protocol):
     """What each session subscribed to, read by its GET stream (mcp_sessions); Redis: adapters/relay_state.py."""
 
-    async def add(self, key: str, uri: str) -> None: ...
+    async def add(self, key: str, uri: str, limit: int) -> bool:
+        """Add `uri` to the session's set unless that would make it hold more than `limit`: False then."""
+        ...
 
     async def remove(self, key: str, uri: str) -> None: ...
 
@@ -60,14 +65,23 @@ class LocalSubscribed:
     def __init__(self) -> None:
         self._uris: dict[str, set[str]] = {}
 
-    async def add(self, key: str, uri: str) -> None:
-        self._uris.setdefault(key, set()).add(uri)
+    async def add(self, key: str, uri: str, limit: int) -> bool:
+        uris = self._uris.setdefault(key, set())
+        if uri not in uris and len(uris) >= limit:
+            return False
+        uris.add(uri)
+        return True
 
     async def remove(self, key: str, uri: str) -> None:
         self._uris.get(key, set()).discard(uri)
 
     async def has(self, key: str, uri: str) -> bool:
         return uri in self._uris.get(key, ())
+
+
+def _unavailable(what: str, exc: BaseException) -> MCPError:
+    return MCPError(types.INTERNAL_ERROR, f"unavailable: {what} could not be kept ({type(exc).__name__})",
+                    {"error_type": "unavailable", "retryable": True, "hint": "retry with backoff"})
 
 
 def _session(ctx: ServerRequestContext) -> str:
@@ -84,9 +98,8 @@ def session_handlers(caller_of: CallerOf, levels: LogLevels, upstreams: Upstream
             raise MCPError(types.INVALID_REQUEST, "the request carries no authenticated caller")
         try:
             await levels.set(level_key(caller, _session(ctx)), params.level)
-        except TRANSIENT_ERRORS as exc:
-            raise MCPError(types.INTERNAL_ERROR, f"unavailable: the level could not be kept ({type(exc).__name__})",
-                           {"error_type": "unavailable", "retryable": True, "hint": "retry with backoff"}) from None
+        except STATE_ERRORS as exc:
+            raise _unavailable("the level", exc) from None
         return types.EmptyResult()
 
     def owner(ctx: ServerRequestContext, uri: str) -> str | None:
@@ -99,29 +112,47 @@ def session_handlers(caller_of: CallerOf, levels: LogLevels, upstreams: Upstream
                 return name
         raise _not_found(f"resource {uri[:200]}", "list the resources and templates for the URIs served")
 
-    def handler(on: bool):
-        async def toggle(ctx: ServerRequestContext, params: Any) -> types.EmptyResult:
-            uri = str(params.uri)
-            name = owner(ctx, uri)
-            if on and name is not None and upstreams is not None:
-                try:
-                    await upstreams.subscribe(name, uri)
-                except (MCPError, DomainError, OSError) as exc:
-                    raise _relayed(exc, name) from None
-            caller = caller_of(ctx)
-            if subscribed is not None and caller is not None:
-                try:
-                    key = level_key(caller, _session(ctx))
-                    await (subscribed.add(key, uri) if on else subscribed.remove(key, uri))
-                except TRANSIENT_ERRORS as exc:
-                    raise MCPError(types.INTERNAL_ERROR, f"unavailable: the subscription could not be kept "
-                                   f"({type(exc).__name__})", {"error_type": "unavailable", "retryable": True,
-                                                               "hint": "retry with backoff"}) from None
-            return types.EmptyResult()
-        return toggle
+    async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        uri = str(params.uri)
+        name = owner(ctx, uri)
+        caller = caller_of(ctx)
+        key = level_key(caller, _session(ctx)) if caller is not None else None
+        if subscribed is not None and key is not None:  # the session's own cap first: no upstream call past it
+            try:
+                added = await subscribed.add(key, uri, MAX_PER_SESSION)
+            except STATE_ERRORS as exc:
+                raise _unavailable("the subscription", exc) from None
+            if not added:
+                reason = f"this session holds {MAX_PER_SESSION} subscriptions already"
+                raise MCPError(types.INVALID_PARAMS, reason, {
+                    "error_type": "validation", "field": "uri", "reason": reason, "retryable": False,
+                    "hint": "unsubscribe from resources no longer needed, or open another session"})
+        if name is not None and upstreams is not None:
+            try:
+                await upstreams.subscribe(name, uri)
+            except (MCPError, DomainError, OSError) as exc:
+                if subscribed is not None and key is not None:  # not subscribed after all
+                    try:
+                        await subscribed.remove(key, uri)
+                    except STATE_ERRORS:
+                        pass  # it lapses with the set's time to live
+                if isinstance(exc, DomainError) and not exc.retryable:
+                    raise MCPError(types.INVALID_PARAMS, exc.reason, exc.to_dict()) from None
+                raise _relayed(exc, name) from None
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: ServerRequestContext, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        """The session's subscription ends; the upstream is not asked (its subscription serves every caller)."""
+        caller = caller_of(ctx)
+        if subscribed is not None and caller is not None:
+            try:
+                await subscribed.remove(level_key(caller, _session(ctx)), str(params.uri))
+            except STATE_ERRORS as exc:
+                raise _unavailable("the unsubscription", exc) from None
+        return types.EmptyResult()
 
     handlers: dict[str, tuple[type, Callable]] = {"logging/setLevel": (types.SetLevelRequestParams, set_level)}
     if upstreams is not None:
-        handlers["resources/subscribe"] = (types.SubscribeRequestParams, handler(True))
-        handlers["resources/unsubscribe"] = (types.UnsubscribeRequestParams, handler(False))
+        handlers["resources/subscribe"] = (types.SubscribeRequestParams, subscribe)
+        handlers["resources/unsubscribe"] = (types.UnsubscribeRequestParams, unsubscribe)
     return handlers

@@ -203,6 +203,7 @@ async def test_an_elicitation_the_user_declined_is_noted_as_refused() -> None:
 # --- the whole HTTP app in process ---------------------------------------------------------------------------
 
 SETTINGS = Settings(jwt_secret="unit-test-secret-0123456789abcdef0123")
+ALICE_HTTP = Principal(subject="alice", tenant_id="acme", scopes=frozenset({"tools:*"}))  # gateway_http's caller
 
 
 @contextlib.asynccontextmanager
@@ -239,3 +240,23 @@ async def test_initialize_with_params_that_are_not_an_object_is_answered_invalid
         cancel = await http.post("/mcp", headers={"Mcp-Session-Id": "s1"},
                                  json={"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 5})
         assert cancel.status_code < 500
+
+
+async def test_an_answer_post_passes_the_sdks_checks_first_and_only_a_relay_id_is_taken_for_one() -> None:
+    answers = RelayAnswers()
+    relay_id = f"mnemesh-relay-{'a' * 32}"
+    with answers.waiting(cancel_key(ALICE_HTTP, "s1", relay_id)) as waiting:
+        async with gateway_http(answers=answers) as http:
+            answer = {"jsonrpc": "2.0", "id": relay_id, "result": {"action": "accept"}}
+            session = {"Mcp-Session-Id": "s1"}
+            foreign = await http.post("/mcp", json=answer, headers={**session, "Origin": "https://evil.example"})
+            rebound = await http.post("/mcp", json=answer, headers={**session, "Host": "evil.example"})
+            plain = await http.post("/mcp", content=json.dumps(answer), headers={**session, "Content-Type": "text/plain"})
+            big = await http.post("/mcp", json={**answer, "result": {"text": "x" * 5_000_000}}, headers=session)
+            assert (foreign.status_code, rebound.status_code, plain.status_code, big.status_code) == (403, 421, 400, 413)
+            assert not waiting.done()
+            for other in ("mnemesh-relay-x", f"mnemesh-relay-{'a' * 32}-more", f"MNEMESH-RELAY-{'a' * 32}"):
+                await http.post("/mcp", json={**answer, "id": other}, headers=session)  # the SDK's to answer
+            assert not waiting.done()
+            taken = await http.post("/mcp", json=answer, headers=session)
+            assert taken.status_code == 202 and waiting.result() == {"result": {"action": "accept"}}

@@ -29,18 +29,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from libs.auth import Principal
 from libs.logs import get_logger
-from services.tool_gateway.entrypoints.mcp_fast import FastCalls
+from services.tool_gateway.entrypoints.mcp_fast import BODY_BYTES, FastCalls
 from services.tool_gateway.entrypoints.mcp_sessions import (
     SESSION_HEADER,
     STATE_ERRORS,
@@ -55,6 +57,7 @@ __all__ = ["LOG_LEVELS", "AnswerPublisher", "ClientRelay", "LocalLogLevels", "Lo
 
 log = get_logger(__name__)
 RELAY_ID_PREFIX = "mnemesh-relay-"
+_RELAY_ID = re.compile(re.escape(RELAY_ID_PREFIX) + "[0-9a-f]{32}")  # what ClientRelay.ask sends
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 MISSING_CAPABILITY = -32021
 REQUEST_TIMEOUT = -32001
@@ -185,7 +188,8 @@ class RelayCalls(FastCalls):
         message = scope.get("mcp.message") if scope["type"] == "http" else None
         if isinstance(message, dict) and scope["method"] == "POST" and scope["path"] == self.path:
             session = dict(scope["headers"]).get(SESSION_HEADER.encode(), b"").decode("latin-1")
-            if "method" not in message and str(message.get("id", "")).startswith(RELAY_ID_PREFIX):
+            relay_id = message.get("id")
+            if "method" not in message and isinstance(relay_id, str) and _RELAY_ID.fullmatch(relay_id):
                 await self._take_answer(message, session, scope, receive, send)
                 return
             if message.get("method") == "tools/call" and "id" in message and session and self.enabled:
@@ -202,6 +206,14 @@ class RelayCalls(FastCalls):
 
     async def _take_answer(self, message: dict[str, Any], session: str, scope: Scope, receive: Receive,
                            send: Send) -> None:
+        """The client's answer to a relayed request, after the checks the SDK makes of any POST (Content-Type,
+        Host and Origin, the body's size)."""
+        refusal = await self.security.validate_request(Request(scope), is_post=True)
+        if refusal is None and scope.get(BODY_BYTES, self.max_body + 1) > self.max_body:
+            refusal = Response("Request body too large", status_code=413)  # as the SDK words it
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         principal = getattr(scope.get("user"), "principal", None)
         if principal is None or not session:
             await Response("an answer to a relayed request needs the session it was asked on", status_code=400)(

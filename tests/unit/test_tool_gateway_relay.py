@@ -78,6 +78,31 @@ async def test_an_unanswered_request_times_out_and_an_error_answer_is_refused() 
     assert (refused.value.code, refused.value.message) == (-1, "no")
 
 
+async def test_a_request_that_ends_unanswered_is_withdrawn_from_the_client() -> None:
+    answers = RelayAnswers()
+    session = session_for({"sampling": {}})
+    relay, sent = relay_of(ALICE, session, answers, timeout=0.05)
+    with pytest.raises(RelayRefused):
+        await relay.ask("sampling/createMessage", {})
+    assert [m.get("method") for m in sent] == ["sampling/createMessage", "notifications/cancelled"]
+    assert sent[1]["params"]["requestId"] == sent[0]["id"] and "did not answer" in sent[1]["params"]["reason"]
+    relay, sent = relay_of(ALICE, session, answers)
+    asking = asyncio.create_task(relay.ask("sampling/createMessage", {}))
+    while not sent:
+        await asyncio.sleep(0.01)
+    asking.cancel()  # the call ended
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+    assert sent[-1]["method"] == "notifications/cancelled" and sent[-1]["params"]["requestId"] == sent[0]["id"]
+    relay, sent = relay_of(ALICE, session, answers)
+    asking = asyncio.create_task(relay.ask("sampling/createMessage", {}))
+    while not sent:
+        await asyncio.sleep(0.01)
+    await answers.publish(cancel_key(ALICE, session, sent[0]["id"]), {"result": {}})
+    await asking
+    assert len(sent) == 1  # answered: nothing to withdraw
+
+
 async def test_a_client_without_the_capability_is_never_asked() -> None:
     relay, sent = relay_of(ALICE, session_for({"elicitation": {}}), RelayAnswers())
     with pytest.raises(RelayRefused) as refused:
@@ -158,10 +183,10 @@ async def test_a_relayed_request_waits_no_longer_than_the_calls_deadline_allows(
     started = loop.time()
     with pytest.raises(RelayRefused) as late:
         await relay.ask("sampling/createMessage", {}, within=0.1)
-    assert late.value.code == -32001 and loop.time() - started < 5 and len(sent) == 1
+    assert late.value.code == -32001 and loop.time() - started < 5 and len(sent) == 2  # asked, then withdrawn
     with pytest.raises(RelayRefused):  # no time left: the client is not even asked
         await relay.ask("sampling/createMessage", {}, within=0)
-    assert len(sent) == 1
+    assert len(sent) == 2
     asked = CallerAsked(loop.time() + 30)
     assert 27 < asked.within() < 28.1  # what is left, less the upstream's margin (2 s)
     assert CallerAsked(loop.time() + 1).within() < 0.8 and CallerAsked().within() is None

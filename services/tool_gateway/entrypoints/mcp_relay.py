@@ -157,18 +157,32 @@ class ClientRelay:
         relay_id = f"{RELAY_ID_PREFIX}{uuid.uuid4().hex}"
         with self.answers.waiting(cancel_key(self.principal, self.session, relay_id)) as answer:
             await self.emit({"jsonrpc": "2.0", "id": relay_id, "method": method, "params": params})
+            reason, answered = "the call ended before the answer came", False
             try:
                 async with asyncio.timeout(wait):
                     reply = await answer
+                answered = True
             except TimeoutError:
-                raise RelayRefused(REQUEST_TIMEOUT, f"the calling client did not answer {method} within "
-                                                    f"{wait:.3g} s") from None
+                reason = f"the calling client did not answer {method} within {wait:.3g} s"
+                raise RelayRefused(REQUEST_TIMEOUT, reason) from None
+            finally:
+                if not answered:  # a timeout, or the call ended: the client may stop asking its user
+                    await self._withdraw(relay_id, reason)
         if "error" in reply:
             error = reply["error"] if isinstance(reply["error"], dict) else {}
             code = error.get("code")
             raise RelayRefused(code if isinstance(code, int) else -32603, str(error.get("message", "error"))[:500])
         result = reply.get("result")
         return result if isinstance(result, dict) else {}
+
+
+    async def _withdraw(self, relay_id: str, reason: str) -> None:
+        """`notifications/cancelled` for a relayed request, on the call's stream while it is open (best effort)."""
+        try:
+            await self.emit({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": relay_id, "reason": reason}})
+        except Exception as exc:  # noqa: BLE001 - the stream is gone: nobody to tell
+            log.debug("relayed request not withdrawn", error=type(exc).__name__)
 
 
 def _frame(payload: dict[str, Any]) -> bytes:
@@ -233,10 +247,12 @@ class RelayCalls(FastCalls):
         task = asyncio.current_task()
         assert task is not None
         lock = asyncio.Lock()
-        gone = False
+        gone = closed = False
 
         async def emit(payload: dict[str, Any]) -> None:
             async with lock:
+                if closed or gone:  # the answer went out, or the client left: nothing more on this stream
+                    return
                 await send({"type": "http.response.body", "body": _frame(payload), "more_body": True})
 
         async def report(progress: float, total: float | None, text: str | None) -> None:
@@ -277,4 +293,5 @@ class RelayCalls(FastCalls):
         if task.cancelling():
             raise asyncio.CancelledError
         async with lock:
+            closed = True
             await send({"type": "http.response.body", "body": _frame(reply), "more_body": False})

@@ -153,3 +153,20 @@ async def test_the_upstream_is_asked_once_per_uri_and_its_subscriptions_are_capp
         await manager.subscribe("rm", "fixture://d")
     await manager.subscribe("rm", "fixture://b")  # held already: no error, no request
     assert client.asked == ["fixture://a", "fixture://b", "fixture://c"]
+
+
+async def test_logging_and_subscriptions_are_announced_only_where_they_are_delivered() -> None:
+    from gateway_fakes import fake_ports
+    from mcp import Client
+
+    from services.tool_gateway.entrypoints.mcp_server import build_server
+
+    stdio_like = build_server(fake_ports(), ALICE, upstreams=Upstreams())  # no session state: nothing delivers
+    async with Client(stdio_like) as client:
+        caps = client.server_capabilities
+    assert caps.logging is None and not (caps.resources and caps.resources.subscribe)
+    http_like = build_server(fake_ports(), ALICE, upstreams=Upstreams(), levels=LocalLogLevels(),
+                             subscribed=LocalSubscribed())
+    async with Client(http_like, mode="legacy") as client:
+        caps = client.server_capabilities
+    assert caps.logging is not None and caps.resources is not None and caps.resources.subscribe

@@ -220,7 +220,10 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
     """`local_principal`: the caller of requests that come with no HTTP request (stdio, in process);
     `experience_store`: when given, tools/list appends each tool's experience note to its description;
     `in_flight`: where 2025-era cancellations find calls; `changes`: the tool-list change feed, served
-    to `subscriptions/listen` streams; `tasks`: where task-augmented calls run (2025-11-25 MCP tasks)."""
+    to `subscriptions/listen` streams; `tasks`: where task-augmented calls run (2025-11-25 MCP tasks);
+    `levels` and `subscribed`: where sessions keep their logging level and subscriptions. Only with them (the
+    HTTP app, which relays log messages and sends resource updates on the GET stream) are `logging/setLevel`
+    and `resources/(un)subscribe` served, and so announced: stdio has no path that delivers either."""
     registry = ports.registry
     in_flight = in_flight or InFlightCalls()
 
@@ -260,9 +263,10 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
-    for method, (params_type, handler) in session_handlers(
-            lambda ctx: _caller(ctx, local_principal), levels or LocalLogLevels(), upstreams, subscribed).items():
-        server.add_request_handler(method, params_type, handler)
+    if levels is not None and subscribed is not None:
+        for method, (params_type, handler) in session_handlers(
+                lambda ctx: _caller(ctx, local_principal), levels, upstreams, subscribed).items():
+            server.add_request_handler(method, params_type, handler)
     if tasks is not None:
         def caller_of(ctx: ServerRequestContext) -> Principal | None:
             return _caller(ctx, local_principal)

@@ -158,3 +158,62 @@ async def test_a_service_may_not_append_to_a_stream_it_only_consumes(connect) ->
                     tool_gateway.xadd(MEMORY_COMMANDS, command()), tool_gateway.xrange(MEMORY_EVENTS)):
         with pytest.raises(redis.exceptions.NoPermissionError):
             await refused
+
+
+async def test_the_tool_gateway_keeps_its_shared_state_with_its_own_user_and_nothing_else(
+    acl_server: int, connect
+) -> None:
+    from services.tool_gateway.adapters.redis_chains import RedisChainStore, RedisTaskStore
+    from services.tool_gateway.adapters.redis_state import (
+        RedisBreakers,
+        RedisCanaryCounters,
+        RedisRateLimiter,
+        RedisResultStore,
+    )
+    from services.tool_gateway.adapters.relay_state import RedisLogLevels, RedisSubscribed
+    from services.tool_gateway.domain.chains import ChainStep
+
+    gateway = await connect("tool-gateway")
+
+    async def client() -> redis.asyncio.Redis:
+        return gateway
+
+    assert await RedisRateLimiter(client).acquire([("caller:acme:alice", 5.0), ("tool:crm.get", 50.0)]) == 0
+    breakers = RedisBreakers(client)
+    assert (await breakers.admit("crm.get@1", 5.0))[0]
+    await breakers.record("crm.get@1", False)
+    breakers.succeeded("crm.get@1")
+    await breakers.flush()  # a pipeline of scripts
+    assert await breakers.state("crm.get@1") == "closed"
+    await breakers.close()
+    await RedisCanaryCounters(client).record("crm.get", "e1", "canary", True)
+    results = RedisResultStore(client)
+    await results.put("acme", "c1", "{}")
+    await results.mark_running("acme", "chain-1", 5)
+    assert await results.get("acme", "c1") == "{}" and await results.running("acme", "chain-1")
+    chains = RedisChainStore(client)
+    assert await chains.claim("acme", "alice", "chain-1", "step", "c1", 5)
+    await chains.record("acme", "alice", "chain-1", ChainStep("crm.get", "0" * 64, "c1", "ok", at=1.0))
+    assert await chains.load("acme", "alice", "chain-1") is not None
+    await chains.release("acme", "alice", "chain-1", "step", "c1")
+    tasks = RedisTaskStore(client)
+    state = {"caller": "alice", "status": "working"}
+    await tasks.begin("acme", "t1", state, 5, 10)
+    await tasks.hold("acme", "alice", "t1", 5)
+    await tasks.held("acme", "t1")
+    await tasks.end("acme", "t1", {**state, "status": "completed"})
+    await tasks.save("acme", "t2", state)
+    assert await tasks.load("acme", "t2") is not None
+    levels, subscribed = RedisLogLevels(client, ""), RedisSubscribed(client, "")
+    await levels.set("acme\x1falice\x1fs1", "info")
+    assert await levels.get("acme\x1falice\x1fs1") == "info"
+    assert await subscribed.add("acme\x1falice\x1fs1", "fixture://motd", 100)
+    assert await subscribed.has("acme\x1falice\x1fs1", "fixture://motd")
+    await subscribed.remove("acme\x1falice\x1fs1", "fixture://motd")
+    await gateway.publish("tool-gateway.relay", "{}")
+    admin = await connect("admin")
+    assert await denials(admin, "tool-gateway") == []
+    for refused in (gateway.set("mnemesh.memory.x", "1"), gateway.get("session.x"), gateway.flushall(),
+                    gateway.delete(TOOL_EVENTS), gateway.keys("*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await refused

@@ -170,3 +170,27 @@ async def test_logging_and_subscriptions_are_announced_only_where_they_are_deliv
     async with Client(http_like, mode="legacy") as client:
         caps = client.server_capabilities
     assert caps.logging is not None and caps.resources is not None and caps.resources.subscribe
+
+
+async def test_a_listen_stream_keeps_only_the_resource_uris_the_caller_may_read() -> None:
+    from services.tool_gateway.entrypoints.mcp_subscribe import scoped_listen
+
+    class Scoped(Upstreams):
+        def catalogs(self):
+            return [("hr", Catalog(), ("hr:read",))]
+
+    heard: list[types.SubscriptionsListenRequestParams] = []
+
+    async def listen(ctx, params):
+        heard.append(params)
+        return None
+
+    outsider = Principal(subject="eve", tenant_id="acme", scopes=frozenset({"tools:read"}))
+    insider = Principal(subject="hal", tenant_id="acme", scopes=frozenset({"tools:read", "hr:read"}))
+    params = types.SubscriptionsListenRequestParams(notifications=types.SubscriptionFilter(
+        tools_list_changed=True, resource_subscriptions=["fixture://salaries", "mem://tool/x"]))
+    for who in (outsider, insider):
+        await scoped_listen(listen, lambda ctx, who=who: who, Scoped())(CTX, params)
+    assert heard[0].notifications.resource_subscriptions == ["mem://tool/x"]
+    assert heard[0].notifications.tools_list_changed
+    assert heard[1].notifications.resource_subscriptions == ["fixture://salaries", "mem://tool/x"]

@@ -49,7 +49,12 @@ from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
 from services.tool_gateway.entrypoints.mcp_relay import LocalLogLevels, LogLevels, RelayAnswers, RelayCalls
-from services.tool_gateway.entrypoints.mcp_subscribe import LocalSubscribed, Subscribed, session_handlers
+from services.tool_gateway.entrypoints.mcp_subscribe import (
+    LocalSubscribed,
+    Subscribed,
+    scoped_listen,
+    session_handlers,
+)
 from services.tool_gateway.entrypoints.mcp_tasks import TaskMiddleware, task_handlers
 from services.tool_gateway.entrypoints.mcp_tasks import capabilities as task_capabilities
 from services.tool_gateway.entrypoints.mcp_sessions import (
@@ -260,7 +265,8 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
     server = _GatewayServer(
         "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
         on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
-        on_subscriptions_listen=ListenHandler(changes) if changes is not None else None,
+        on_subscriptions_listen=scoped_listen(ListenHandler(changes), lambda ctx: _caller(ctx, local_principal),
+                                              upstreams) if changes is not None else None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
     server.list_changed = changes is not None
     if levels is not None and subscribed is not None:

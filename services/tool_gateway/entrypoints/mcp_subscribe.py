@@ -13,7 +13,8 @@
   updates to send, so subscribing to them is accepted and does nothing. The session's subscriptions
   are kept (`Subscribed`: Redis) for its GET stream, on whichever replica, to pass on
   `notifications/resources/updated` for those URIs only; 2026-07-28 clients name the URIs in their
-  `subscriptions/listen` request instead (the SDK's ListenHandler over the same change bus).
+  `subscriptions/listen` request instead (the SDK's ListenHandler over the same change bus), cut to those
+  the caller may read (`scoped_listen`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from services.tool_gateway.entrypoints.mcp_guides import STEP_PREFIX, _allowed, 
 from services.tool_gateway.entrypoints.mcp_relay import LogLevels, level_key
 from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, STATE_ERRORS
 
-__all__ = ["MAX_PER_SESSION", "LocalSubscribed", "Subscribed", "UpstreamSubscriptions", "session_handlers"]
+__all__ = ["MAX_PER_SESSION", "LocalSubscribed", "Subscribed", "UpstreamSubscriptions", "scoped_listen",
+           "session_handlers"]
 
 MAX_PER_SESSION = 100  # resources one session may subscribe to
 
@@ -77,6 +79,31 @@ class LocalSubscribed:
 
     async def has(self, key: str, uri: str) -> bool:
         return uri in self._uris.get(key, ())
+
+
+def _readable(caller: Principal | None, uri: str, upstreams: UpstreamSubscriptions | None) -> bool:
+    """Whether `caller` may read `uri`: the gateway's own resources, or one an upstream it may see serves."""
+    if uri.startswith((GUIDE_PREFIX, STEP_PREFIX)):
+        return True
+    return any(_allowed(caller, scopes) and catalog.serves(uri)
+               for _, catalog, scopes in (upstreams.catalogs() if upstreams is not None else []))
+
+
+def scoped_listen(listen: Callable, caller_of: CallerOf, upstreams: UpstreamSubscriptions | None) -> Callable:
+    """`subscriptions/listen` (2026-07-28; the SDK's ListenHandler `listen`) with its resource URIs cut to those
+    the caller may read when it listens (the acknowledgement names the URIs honored): an upstream's updates
+    reach only callers allowed to see that upstream."""
+
+    async def handle(ctx: ServerRequestContext, params: types.SubscriptionsListenRequestParams):
+        wanted = params.notifications.resource_subscriptions
+        if wanted:
+            caller = caller_of(ctx)
+            kept = [uri for uri in wanted if _readable(caller, uri, upstreams)]
+            params = params.model_copy(update={"notifications": params.notifications.model_copy(
+                update={"resource_subscriptions": kept or None})})
+        return await listen(ctx, params)
+
+    return handle
 
 
 def _unavailable(what: str, exc: BaseException) -> MCPError:

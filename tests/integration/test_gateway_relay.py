@@ -24,6 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from libs.auth import issue_token
 from mnemesh.infra import free_port
 
 pytestmark = [pytest.mark.integration,  # logging, sampling and subscribing are deprecated in 2026-07-28, still in 2025-11-25
@@ -52,8 +53,8 @@ class AnswersElsewhere(RoundRobin):
 
 @contextlib.asynccontextmanager
 async def client_of(gw: Gateway, transport: httpx2.AsyncBaseTransport | None = None, tool: str = "rm.ask_llm",
-                    **callbacks) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {gw.token('tools:*')}"}
+                    token: str | None = None, **callbacks) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token or gw.token('tools:*')}"}
     async with (httpx2.AsyncClient(headers=headers, transport=transport, timeout=httpx2.Timeout(10, read=30)) as http,
                 Client(streamable_http_client(gw.url, http_client=http), mode="legacy", **callbacks) as client):
         with anyio.fail_after(30):
@@ -218,3 +219,40 @@ async def test_resource_updates_reach_the_sessions_that_subscribed(legacy_upstre
     assert after.structured_content == {"subscribed": ["fixture://motd"]}  # kept there: other callers may need it
     assert heard.is_set() and set(updates) == {"fixture://motd"}
     assert len(updates) == heard_before  # this session no longer hears it
+
+
+async def test_resource_updates_cross_neither_sessions_nor_tenants(legacy_upstream: tuple[Gateway, list[int]]) -> None:
+    gw, ports = legacy_upstream
+    heard: dict[str, list[str]] = {"alice": [], "other-session": [], "other-tenant": []}
+
+    def listener(who: str):
+        async def on_message(message) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                heard[who].append(str(message.params.uri))
+        return on_message
+
+    async def until_heard(client: Client, who: str, uri: str) -> None:
+        """Touch `uri` until `who` hears it: its GET stream is open from then on."""
+        for _ in range(40):
+            await client.call_tool("old.touch", {"uri": uri})
+            await anyio.sleep(0.25)
+            if uri in heard[who]:
+                return
+        raise AssertionError(f"{who} never heard {uri}")
+
+    globex = issue_token(gw.settings, subject="agent-1", tenant_id="globex", scopes=["tools:*"])
+    async with (client_of(gw, transport=RoundRobin(ports), tool="old.touch", message_handler=listener("alice")) as alice,
+                client_of(gw, transport=RoundRobin(ports), tool="old.touch",
+                          message_handler=listener("other-session")) as same_caller,
+                client_of(gw, transport=RoundRobin(ports), tool="old.touch", token=globex,
+                          message_handler=listener("other-tenant")) as other_tenant):
+        for who, client, uri in (("alice", alice, "fixture://motd"), ("other-session", same_caller, "fixture://items/2"),
+                                 ("other-tenant", other_tenant, "fixture://items/3")):
+            await client.subscribe_resource(uri)
+            await until_heard(client, who, uri)
+        for _ in range(3):
+            await alice.call_tool("old.touch", {"uri": "fixture://motd"})
+        await anyio.sleep(1)  # an absence: more than any update above took to arrive
+    assert set(heard["alice"]) == {"fixture://motd"}
+    assert set(heard["other-session"]) == {"fixture://items/2"}  # the same caller's other session: not its URI
+    assert set(heard["other-tenant"]) == {"fixture://items/3"}

@@ -213,6 +213,25 @@ async def test_a_refusal_a_decline_or_a_broken_relay_is_noted_and_the_upstream_a
     assert alone.asked.refused
 
 
+async def test_a_call_that_ends_mid_relay_drops_the_waiting_entry_and_answers_the_upstream() -> None:
+    pool, answers = _Pool(), RelayAnswers()
+    lean = LeanHttpCaller(pool, "2025-11-25", SessionTracker(), client_info={"name": "gw", "version": "0"})  # type: ignore[arg-type]
+    relay, sent = relay_of(ALICE, session_for({"elicitation": {}}), answers)
+    call = _OneCall("gw-1", relay, None)
+    await lean._take({"jsonrpc": "2.0", "id": 5, "method": "elicitation/create", "params": {"message": "?"}}, call)
+    while not sent:
+        await asyncio.sleep(0.01)
+    assert answers._waiting
+    for task in call.asking:  # what _call_once does when the call ends (its client disconnected)
+        task.cancel()
+    await asyncio.gather(*call.asking, return_exceptions=True)
+    await asyncio.gather(*lean._background)
+    assert not answers._waiting
+    assert pool.posted == [{"jsonrpc": "2.0", "id": 5, "error": {
+        "code": -32603, "message": "the call ended before the calling client answered"}}]
+    assert sent[-1]["method"] == "notifications/cancelled"
+
+
 async def test_an_elicitation_the_user_declined_is_noted_as_refused() -> None:
     class Declining(_Relay):
         async def ask(self, method, params, *, within=None):

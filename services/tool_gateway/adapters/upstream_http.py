@@ -264,6 +264,10 @@ class LeanHttpCaller:
         assert call.relay is not None
         try:
             answer: dict[str, Any] = {"result": await call.asked.ask(call.relay, method, params)}
+        except asyncio.CancelledError:  # the call ended first (its client left, its deadline): the upstream hears
+            self._later(self._post({"jsonrpc": "2.0", "id": request_id, "error": {
+                "code": _INTERNAL_ERROR, "message": "the call ended before the calling client answered"}}))
+            raise
         except RelayRefused as exc:
             answer = {"error": {"code": exc.code, "message": exc.message}}
         except Exception as exc:  # noqa: BLE001 - the upstream waits for an answer whatever went wrong here

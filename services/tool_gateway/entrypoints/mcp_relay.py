@@ -17,7 +17,9 @@ does the upstream side):
   It is published to every replica (`AnswerPublisher`, a Redis channel) under a key of (tenant,
   subject, session, relayed request id), which the waiting call subscribed to before asking: an
   answer from another caller or session has another key and reaches nothing. A relayed request
-  unanswered after `timeout` seconds fails the upstream's request (-32001, request timeout);
+  unanswered after `timeout` seconds, or by the call's deadline (less a margin for the upstream,
+  upstream_http.CallerAsked), fails the upstream's request (-32001, request timeout) and is withdrawn
+  from the client (`notifications/cancelled`); an answer POST passes the SDK's POST checks first;
 - progress: a call with a progress token is served here too, its progress on the same stream.
 
 On 2026-07-28 there is no server-to-client request mid-call (the revision's multi-round-trip

@@ -3,7 +3,7 @@
 A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
 as JSON; the hash expires a TTL after its last step. A step running now is one more key (SET NX with
 the call id, expiring after the call's longest run), deleted by that call when it ends. A task is one JSON string per (tenant, task
-id) with its own TTL. Every key is built by `_Keys.tenant_key` (a separator no tenant id holds).
+id) with its own TTL. Every key is built by `KeyedStore.tenant_key` (a separator no tenant id holds).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
+from services.tool_gateway.adapters.redis_state import RedisFactory, KeyedStore
 from services.tool_gateway.domain.chains import Chain, ChainStep, chain_full, step_key
 
 __all__ = ["RedisChainStore", "RedisTaskStore"]
@@ -79,7 +79,7 @@ return 1
 """
 
 
-class RedisChainStore(_Keys):
+class RedisChainStore(KeyedStore):
     def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 3600.0,
                  max_steps: int = 256) -> None:
         super().__init__(redis, namespace, "chain")
@@ -119,7 +119,7 @@ def _step_json(value: bytes | str) -> str:
     return json.dumps(json.loads(value)["step"])
 
 
-class RedisTaskStore(_Keys):
+class RedisTaskStore(KeyedStore):
     def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 86_400.0) -> None:
         super().__init__(redis, namespace, "task")
         self.ttl_ms = max(1, int(ttl_seconds * 1000))

@@ -20,7 +20,7 @@ from libs.logs import get_logger
 from libs.validation import TENANT_ID_RULE, is_tenant_id
 from services.tool_gateway.domain.rollout import ArmCounts
 
-__all__ = ["GATE_N", "TOP_UP", "BreakerSettings", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
+__all__ = ["GATE_N", "TOP_UP", "BreakerSettings", "KeyedStore", "RedisBreakers", "RedisCanaryCounters", "RedisGate", "RedisRateLimiter", "RedisResultStore"]
 
 RedisFactory = Callable[[], Awaitable[Redis]]
 _MAX_TRUSTED = 4_096  # breakers whose "closed" a replica remembers at most
@@ -190,7 +190,9 @@ return 'closed'
 """
 
 
-class _Keys:
+class KeyedStore:
+    """A Redis-backed store whose keys follow the gateway's naming: `<namespace>.tool-gateway.<kind>.<name>`."""
+
     def __init__(self, redis: RedisFactory, namespace: str, kind: str) -> None:
         self._redis, self._prefix = redis, f"{namespace}.tool-gateway.{kind}." if namespace else \
             f"tool-gateway.{kind}."
@@ -219,7 +221,7 @@ class _Keys:
         return await (await self._script(source))(keys=keys, args=args)
 
 
-class RedisRateLimiter(_Keys):
+class RedisRateLimiter(KeyedStore):
     def __init__(self, redis: RedisFactory, namespace: str = "") -> None:
         super().__init__(redis, namespace, "rate")
 
@@ -237,7 +239,7 @@ class BreakerSettings:
     open_seconds: float = 10.0
 
 
-class RedisBreakers(_Keys):
+class RedisBreakers(KeyedStore):
     """Breakers shared in Redis. Successes are counted in batches (`succeeded`): every few ms one round
     trip for every breaker's successes, instead of one per call; a failure first applies the successes
     of its breaker still waiting, so the order of one replica's outcomes is kept."""
@@ -356,7 +358,7 @@ return redis.call('HMGET', KEYS[1], 'stable_calls', 'stable_errors', 'canary_cal
 """
 
 
-class RedisCanaryCounters(_Keys):
+class RedisCanaryCounters(KeyedStore):
     def __init__(self, redis: RedisFactory, namespace: str = "") -> None:
         super().__init__(redis, namespace, "canary")
 
@@ -366,7 +368,7 @@ class RedisCanaryCounters(_Keys):
         return ArmCounts(*(int(v or 0) for v in values))
 
 
-class RedisResultStore(_Keys):
+class RedisResultStore(KeyedStore):
     """Full results of truncated calls, per tenant, readable as mem://step/<id> until they expire."""
 
     def __init__(self, redis: RedisFactory, namespace: str = "", ttl_seconds: float = 86_400) -> None:

@@ -2,7 +2,7 @@
 (`resources/subscribe`), in Redis so that every replica reads them.
 
 Keyed by (tenant, subject, session id), hashed: a client sets only its own sessions' levels. The
-keys follow the gateway's naming (`<namespace>.tool-gateway.<kind>.<hash>`, redis_state._Keys), so
+keys follow the gateway's naming (`<namespace>.tool-gateway.<kind>.<hash>`, redis_state.KeyedStore), so
 the namespace's cleanup and the ACL's key pattern cover them. A level lives `ttl_seconds` after it
 was set (a day by default); a session that never set one, or whose level expired, gets every level
 relayed (mcp_relay.ClientRelay).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from services.tool_gateway.adapters.redis_state import RedisFactory, _Keys
+from services.tool_gateway.adapters.redis_state import RedisFactory, KeyedStore
 
 __all__ = ["RedisLogLevels", "RedisSubscribed"]
 
@@ -21,7 +21,7 @@ def _hashed(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-class RedisLogLevels(_Keys):
+class RedisLogLevels(KeyedStore):
     def __init__(self, client: RedisFactory, namespace: str, *, ttl_seconds: int = 86_400) -> None:
         super().__init__(client, namespace, "loglevel")
         self.ttl_seconds = ttl_seconds
@@ -45,7 +45,7 @@ return 1
 """
 
 
-class RedisSubscribed(_Keys):
+class RedisSubscribed(KeyedStore):
     """A set of URIs per session, living `ttl_seconds` after its last change."""
 
     def __init__(self, client: RedisFactory, namespace: str, *, ttl_seconds: int = 86_400) -> None:

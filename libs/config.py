@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # Lets several meshes share one Redis and one database: prefixes stream names and schemas.
     namespace: str = Field("", pattern=r"^[a-z0-9_]{0,32}$")
     host: str = "127.0.0.1"
+    # The services' event loop: uvloop (libuv, in C; less CPU per operation, see README) or asyncio's own.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     # Infrastructure: unset means "embedded" under data_dir (see mnemesh/infra.py).
     redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", "MNEMESH_REDIS_URL"))

@@ -22,6 +22,12 @@ __all__ = ["serve_asgi"]
 
 log = get_logger(__name__)
 
+try:  # uvicorn's C parser of HTTP/1.1 (llhttp); h11, in pure Python, when it is not installed
+    import httptools  # noqa: F401
+    _HTTP = "httptools"
+except ImportError:
+    _HTTP = "h11"
+
 
 class _InLoopServer(uvicorn.Server):
     @contextlib.contextmanager
@@ -54,8 +60,9 @@ async def serve_asgi(app: ASGIApp, *, host: str, port: int, port_setting: str,
     """Serve `app` on host:port until cancelled; PortInUse names `port_setting` when the port is taken."""
     sock = _listen(host, port, port_setting)
     # log_config=None keeps the service's JSON logging; the app logs its own requests.
+    # http: httptools (llhttp, in C) when installed, h11 otherwise (see _HTTP).
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_config=None, access_log=False,
-                            timeout_graceful_shutdown=drain_seconds)
+                            http=_HTTP, timeout_graceful_shutdown=drain_seconds)
     server = _InLoopServer(config)
 
     async def serve() -> None:

@@ -24,6 +24,7 @@ from libs.config import ConfigError, Settings, redacted
 from libs.db import Database, RoleError, apply_migrations, load_migrations
 from libs.events.bus import EventBus, stable_consumer_name
 from libs.events.producers import admitted
+from libs.eventloop import note_event_loop
 from libs.eventstore import EventStore
 from libs.housekeeping import housekeeping
 from libs.idempotency import TransactionalHandler, idempotent
@@ -115,6 +116,7 @@ async def run_service(
 ) -> None:
     """Run service `name` until SIGTERM/SIGINT (or until `stop` is set)."""
     configure_logging(name, settings.log_level)
+    note_event_loop(settings.event_loop)
     setup_telemetry(name, otlp_endpoint=settings.otlp_endpoint, host=settings.host,
                     metrics_port=settings.metrics_port(name) if settings.metrics_enabled else 0)
     await check_infrastructure(settings)

@@ -37,6 +37,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
+    from libs.eventloop import run
     from libs.rpc import PortInUse
     from libs.runtime import InfrastructureError, run_service
     from libs.telemetry import MetricsPortInUse, shutdown_telemetry
@@ -45,7 +46,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     settings = _settings()
     wiring = load_bootstrap(ns.service)
     try:
-        asyncio.run(run_service(ns.service, settings, wiring.bootstrap, migrations_package=wiring.migrations))
+        run(run_service(ns.service, settings, wiring.bootstrap, migrations_package=wiring.migrations), settings.event_loop)
     except (InfrastructureError, ConfigError, PortInUse, MetricsPortInUse) as exc:
         print(f"mnemesh serve {ns.service}: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ Redis and config file; its gRPC port is a free one, its metrics are off) serving
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import os
 import sys
@@ -19,6 +18,7 @@ __all__ = ["add_serve_stdio"]
 def _serve_stdio(settings_of, ns: argparse.Namespace) -> int:
     from libs.config import ConfigError
     from libs.errors import DomainError
+    from libs.eventloop import run
     from libs.rpc import PortInUse
     from libs.runtime import InfrastructureError, run_service
     from libs.telemetry import shutdown_telemetry
@@ -36,9 +36,8 @@ def _serve_stdio(settings_of, ns: argparse.Namespace) -> int:
         return 2
     settings = settings.model_copy(update={"metrics_enabled": False, "tool_gateway_grpc_port": free_port()})
     try:
-        asyncio.run(run_service(bootstrap.NAME, settings,
-                                functools.partial(bootstrap.bootstrap, stdio_principal=principal),
-                                migrations_package=bootstrap.MIGRATIONS))
+        run(run_service(bootstrap.NAME, settings, functools.partial(bootstrap.bootstrap, stdio_principal=principal),
+                        migrations_package=bootstrap.MIGRATIONS), settings.event_loop)
     except (InfrastructureError, ConfigError, PortInUse) as exc:
         print(f"mnemesh tools serve-stdio: {exc}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -50,6 +51,17 @@ def test_unreachable_postgresql_is_named_with_the_setting_to_fix(redis_url: str)
                      DATABASE_URL=f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere")
     assert result.returncode == 2
     assert "cannot reach PostgreSQL" in result.stderr and "DATABASE_URL" in result.stderr
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_a_service_runs_on_the_event_loop_its_setting_names(choice: str, redis_url: str) -> None:
+    # The loop is logged right after logging starts, before the infrastructure check stops this one.
+    result = mnemesh("serve", "memory-writer", REDIS_URL=redis_url, MNEMESH_METRICS_ENABLED="false",
+                     MNEMESH_EVENT_LOOP=choice, DATABASE_URL=f"postgresql://postgres@127.0.0.1:{closed_port()}/x")
+    assert result.returncode == 2
+    loops = [json.loads(line)["loop"] for line in result.stderr.splitlines()
+             if line.startswith("{") and json.loads(line).get("event") == "event loop"]
+    assert loops == [choice]
 
 
 def test_status_without_a_running_mesh_says_how_to_start_one(tmp_path) -> None:

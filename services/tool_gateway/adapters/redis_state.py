@@ -28,11 +28,12 @@ log = get_logger(__name__)
 
 # The scripts are built from Lua functions so that the call path runs one script (rate limit, then
 # breaker: `_GATE`) and the pieces stay written once.
-# Token buckets (rate per second, burst = 2 × rate, at least 1): take one token from each bucket,
-# or none when any is empty; answer the wait until all have one.
+# Token buckets (rate per second, burst = 2 × rate, at least 1): from each bucket, one token and up to
+# `want` in all (as many whole tokens as it holds), or none when any is empty; answer the wait until all
+# have one, and what each bucket granted. `take` is `take_n` wanting one token of each.
 _TAKE_FN = """
-local function take(now, keys, rates)
-  local wait, state = 0, {}
+local function take_n(now, keys, rates, wants)
+  local wait, state, grants = 0, {}, {}
   for i, key in ipairs(keys) do
     local rate = tonumber(rates[i])
     local burst = math.max(1, rate * 2)
@@ -44,11 +45,22 @@ local function take(now, keys, rates)
     state[i] = {tokens, burst / rate}
   end
   for i, key in ipairs(keys) do
-    local tokens = state[i][1]
-    if wait == 0 then tokens = tokens - 1 end
+    local tokens, grant = state[i][1], 0
+    if wait == 0 then
+      grant = math.max(1, math.min(tonumber(wants[i]), math.floor(tokens)))
+      tokens = tokens - grant
+    end
+    grants[i] = grant
     redis.call('HSET', key, 'tokens', tokens, 'ts', now)
     redis.call('PEXPIRE', key, math.ceil(state[i][2] * 1000) + 1000)
   end
+  return wait, grants
+end
+
+local function take(now, keys, rates)
+  local ones = {}
+  for i = 1, #keys do ones[i] = 1 end
+  local wait = take_n(now, keys, rates, ones)
   return wait
 end
 """
@@ -95,33 +107,7 @@ return {'0', a[1], a[2], a[3]}
 # token and up to `want` in all (as many whole tokens as it holds), or none when any is empty. KEYS: the
 # buckets, then the breaker; ARGV: their rates, then their wants, then open and probe seconds. Answers
 # {wait, admitted, state, retry_after, grant of each bucket...}; no bucket named: the breaker alone.
-_TAKE_N_FN = """
-local function take_n(now, keys, rates, wants)
-  local wait, state, grants = 0, {}, {}
-  for i, key in ipairs(keys) do
-    local rate = tonumber(rates[i])
-    local burst = math.max(1, rate * 2)
-    local b = redis.call('HMGET', key, 'tokens', 'ts')
-    local tokens = tonumber(b[1]) or burst
-    local ts = tonumber(b[2]) or now
-    tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
-    if tokens < 1 then wait = math.max(wait, (1 - tokens) / rate) end
-    state[i] = {tokens, burst / rate}
-  end
-  for i, key in ipairs(keys) do
-    local tokens, grant = state[i][1], 0
-    if wait == 0 then
-      grant = math.max(1, math.min(tonumber(wants[i]), math.floor(tokens)))
-      tokens = tokens - grant
-    end
-    grants[i] = grant
-    redis.call('HSET', key, 'tokens', tokens, 'ts', now)
-    redis.call('PEXPIRE', key, math.ceil(state[i][2] * 1000) + 1000)
-  end
-  return wait, grants
-end
-"""
-GATE_N = _TAKE_N_FN + _ADMIT_FN + _NOW + """
+GATE_N = _TAKE_FN + _ADMIT_FN + _NOW + """
 local n = #KEYS - 1
 local keys, rates, wants = {}, {}, {}
 for i = 1, n do keys[i], rates[i], wants[i] = KEYS[i], ARGV[i], ARGV[n + i] end

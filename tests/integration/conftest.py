@@ -88,6 +88,18 @@ async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
 
 
 @pytest.fixture
+async def redis_factory(redis_client: redis.asyncio.Redis, unique: str) -> AsyncIterator:
+    """A factory answering the test's Redis client (what the gateway's Redis adapters take), with `unique`
+    as their namespace: the keys under it are deleted afterwards."""
+    async def client() -> redis.asyncio.Redis:
+        return redis_client
+    yield client
+    keys = [k async for k in redis_client.scan_iter(match=f"{unique}.*")]
+    if keys:
+        await redis_client.delete(*keys)
+
+
+@pytest.fixture
 async def streams(redis_client: redis.asyncio.Redis, unique: str) -> AsyncIterator[str]:
     """A stream-name prefix for this test; its streams are deleted afterwards."""
     prefix = f"test.{unique}"

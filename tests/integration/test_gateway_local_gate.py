@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import anyio
 import pytest
-import redis.asyncio
 
 from services.tool_gateway.adapters.local_gate import LocalGate
 from services.tool_gateway.adapters.redis_state import BreakerSettings, RedisBreakers, RedisRateLimiter
@@ -19,13 +17,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def factory(redis_client: redis.asyncio.Redis, unique: str) -> AsyncIterator:
-    async def client() -> redis.asyncio.Redis:
-        return redis_client
-    yield client
-    keys = [k async for k in redis_client.scan_iter(match=f"{unique}.*")]
-    if keys:
-        await redis_client.delete(*keys)
+def factory(redis_factory):
+    return redis_factory
 
 
 def replica(factory, unique: str, *, cache_seconds: float = 0.2, open_seconds: float = 0.5) -> LocalGate:

@@ -4,10 +4,8 @@ joining a tenant and an id with "." collided across tenants ("acme" + "eu.trip-1
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio
 
 from libs.errors import DomainError
 from services.tool_gateway.adapters.redis_chains import RedisChainStore, RedisTaskStore
@@ -18,13 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def factory(redis_client: redis.asyncio.Redis, unique: str) -> AsyncIterator:
-    async def client() -> redis.asyncio.Redis:
-        return redis_client
-    yield client
-    keys = [k async for k in redis_client.scan_iter(match=f"{unique}.*")]
-    if keys:
-        await redis_client.delete(*keys)
+def factory(redis_factory):
+    return redis_factory
 
 
 async def test_a_dotted_tenant_does_not_share_chains_results_running_marks_or_tasks(factory, unique: str) -> None:

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     # The services' event loop: uvloop (libuv, in C; less CPU per operation, see README) or asyncio's own.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # This process's name among the replicas of its service (stream consumer names): the host name when
+    # empty, which is unique per pod or container; two processes of one service on one host need two.
+    replica: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
 
     # Infrastructure: unset means "embedded" under data_dir (see mnemesh/infra.py).
     redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", "MNEMESH_REDIS_URL"))
@@ -210,6 +213,8 @@ class Settings(BaseSettings):
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
+    memory_batches_in_flight: int = Field(2, ge=1, le=8, description="command batches handled at once (one user's in "
+                                                                      "stream order)")
     memory_burst_limit: int = Field(120, ge=1, description="writes of one user per minute before the poisoning guard"
                                     " quarantines the rest of the burst")
     memory_sensitive_contacts: str = Field("", description="tenants whose phone numbers and e-mails are sensitive"

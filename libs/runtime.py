@@ -134,7 +134,7 @@ async def run_service(
         await db.open()
     except RoleError as exc:
         raise ConfigError(str(exc)) from None
-    bus = EventBus(settings.redis_url, consumer_name=stable_consumer_name(name),
+    bus = EventBus(settings.redis_url, consumer_name=stable_consumer_name(name, settings.replica or None),
                    max_deliveries=settings.stream_max_deliveries, min_idle_ms=settings.stream_min_idle_ms,
                    maxlen=settings.stream_maxlen, retention_ms=int(settings.stream_retention_hours * 3_600_000),
                    namespace=settings.namespace)

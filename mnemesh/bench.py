@@ -146,10 +146,14 @@ async def run_benchmark(name: str, settings: Settings, *, repetitions: int, warm
         return 2
     configure_logging("bench", "warning")
     if name == "write":  # against the running mesh; prints as it goes, then its own summary line
-        from services.memory_writer.bench import bench_write
+        from services.memory_writer.bench import BenchUnavailable, bench_write
 
         sizes = {k: v for k, v in options.items() if k in ("n", "batch") and v is not None}
-        print(json.dumps(await bench_write(settings, **sizes)))
+        try:
+            print(json.dumps(await bench_write(settings, **sizes)))
+        except BenchUnavailable as exc:
+            print(f"mnemesh bench write: {exc}", file=sys.stderr)
+            return 2
         return 0
     bench = BENCHMARKS[name]
     accepted = inspect.signature(bench).parameters

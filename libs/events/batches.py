@@ -18,13 +18,18 @@ the processed-event rows make the redelivery a no-op for what had committed.
 
 Same consumer group and consumer name as the bus would use, so pending entries of a previous
 process (same replica) are read back first at start.
+
+With `in_flight` above 1, the consumer reads and admits the next batch while earlier ones are still in
+their transactions (a writer otherwise idles through every round trip of a commit). Entries that share
+an order key (`order_key`, per tenant: e.g. the user a command is for) are still handled in stream
+order: a batch holding a key of a batch still in flight waits for that batch to finish before it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -90,10 +95,18 @@ class BatchConsumer:
     def __init__(self, bus: EventBus, db: Database, stream: str, group: str, handler: BatchHandler,
                  verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
                  delete_handled: bool = False,
-                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
+                 scrub: Callable[[dict[str, str]], dict[str, str]] | None = None,
+                 in_flight: int = 1, order_key: Callable[[Envelope], Hashable] | None = None) -> None:
         """`delete_handled`: XDEL entries once acknowledged (a command stream whose entries may hold data
-        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep."""
+        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep;
+        `in_flight`: batches handled at once, entries of one tenant and `order_key` (called on admitted
+        envelopes only) in stream order."""
+        if in_flight < 1 or (in_flight > 1 and order_key is None):
+            raise ValueError("in_flight must be 1, or more with an order_key that says which entries keep their order")
         self.delete_handled, self.scrub = delete_handled, scrub
+        self.in_flight, self.order_key = in_flight, order_key
+        self._batches: dict[asyncio.Task, frozenset] = {}  # in flight: the batch's task -> its order keys
+        self._entry_ids: set[str] = set()  # the entries of those batches
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
         self.batch_size, self.block_ms = batch_size, block_ms
@@ -123,6 +136,16 @@ class BatchConsumer:
                 delay = 0.1
 
     async def _consume(self) -> None:
+        try:
+            await self._read()
+        finally:  # whatever is in flight and uncommitted stays pending and comes back
+            for task in self._batches:
+                task.cancel()
+            await asyncio.gather(*self._batches, return_exceptions=True)
+            self._batches.clear()
+            self._entry_ids.clear()
+
+    async def _read(self) -> None:
         redis = await self.bus.redis()
         try:
             await redis.xgroup_create(self.key, self.group, id="0", mkstream=True)
@@ -135,7 +158,7 @@ class BatchConsumer:
         if own and own[0][1]:
             log.info("taking back pending entries of a previous process", stream=self.key, entries=len(own[0][1]))
             for start in range(0, len(own[0][1]), self.batch_size):
-                await self.handle(own[0][1][start:start + self.batch_size])
+                await self._dispatch(own[0][1][start:start + self.batch_size])
         next_claim = 0.0
         while True:
             if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
@@ -147,15 +170,48 @@ class BatchConsumer:
                 if deleted:
                     await redis.xack(self.key, self.group, *deleted)
                 if claimed:
-                    await self.handle(claimed)
+                    await self._dispatch(claimed)
             read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
                                           block=self.block_ms)
+            self._reap()
             if read and read[0][1]:
-                await self.handle(read[0][1])
+                await self._dispatch(read[0][1])
+
+    async def _dispatch(self, raw: list) -> None:
+        """Handle a batch now (`in_flight` 1), or start it once it may run beside the batches in flight."""
+        if self.in_flight == 1:
+            await self.handle(raw)
+            return
+        # XAUTOCLAIM may hand back an entry of a batch of ours still in flight (a slow commit): not twice.
+        raw = [item for item in raw if _text(item[0]) not in self._entry_ids]
+        if not raw:
+            return
+        entries, done = await self._admit(raw)
+        keys = frozenset((e.envelope.tenant_id, self.order_key(e.envelope)) for e in entries)
+        while True:
+            self._reap()
+            earlier = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
+            if not earlier and len(self._batches) < self.in_flight:
+                break
+            await asyncio.wait(earlier or self._batches, return_when=asyncio.FIRST_COMPLETED)
+        ids = {e.entry_id for e in entries}
+        self._entry_ids |= ids
+        task = asyncio.create_task(self._commit(entries, done))
+        task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
+        self._batches[task] = keys
+
+    def _reap(self) -> None:
+        """Forget the batches that finished; a failure of one (Redis away) is raised here, to `run`."""
+        for task in [t for t in self._batches if t.done()]:
+            del self._batches[task]
+            task.result()
 
     async def handle(self, raw: list) -> None:
         """Handle entries as XREADGROUP returns them: [(entry id, {field: value} or None), ...]."""
-        redis = await self.bus.redis()
+        await self._commit(*await self._admit(raw))
+
+    async def _admit(self, raw: list) -> tuple[list[_Entry], list[str]]:
+        """The entries to handle, and the ids already settled (trimmed, or dead-lettered at admission)."""
         entries, done = [], []
         verifier = _VerifiedOnce(self.verifier) if self.verifier is not None else None
         for entry_id, fields in raw:
@@ -184,6 +240,11 @@ class BatchConsumer:
                 continue
             entries.append(entry)
         self._batch_size.record(len(raw), {"stream": self.key})
+        return entries, done
+
+    async def _commit(self, entries: list[_Entry], done: list[str]) -> None:
+        """Run the handler per tenant, then acknowledge what committed or was settled."""
+        redis = await self.bus.redis()
         by_tenant: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)

@@ -104,13 +104,19 @@ class Envelope:
         return self.spec.stream
 
     def message(self) -> Message:
-        """The typed payload; MalformedEvent when it does not parse."""
+        """The typed payload, a copy of its own; MalformedEvent when it does not parse."""
+        message = self.spec.message()
+        message.CopyFrom(self.peek())
+        return message
+
+    def peek(self) -> Message:
+        """The typed payload as parsed once for this envelope, shared: read it, never change it (`message()`
+        gives a copy to change). MalformedEvent when it does not parse."""
         if not self.payload.lstrip().startswith("{"):  # json_format would take `[]` for an empty message
             raise MalformedEvent(field="payload", reason=f"must be a JSON object (a {self.spec.message.__name__})",
                                  hint="publish the payload as proto3 JSON of the message named in the AsyncAPI "
                                       "document")
-        # Parsed once per envelope (checked on receipt, then read by the handler): each caller gets its own
-        # copy, so none sees another's changes.
+        # Parsed once per envelope (checked on receipt, then read by the handler).
         parsed = self.__dict__.get("_parsed")
         if parsed is None:
             try:
@@ -126,9 +132,7 @@ class Envelope:
                     hint="publish the payload as proto3 JSON of the message named in the AsyncAPI document",
                 ) from None
             object.__setattr__(self, "_parsed", parsed)  # not a field: equality and replace() ignore it
-        message = self.spec.message()
-        message.CopyFrom(parsed)
-        return message
+        return parsed
 
     def to_fields(self) -> dict[str, str]:
         return {

@@ -33,11 +33,17 @@ from libs.events import Envelope
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import channel
+from mnemesh.supervisor import check_health
 from services.memory_writer.domain.entities import luhn_ok
 
 __all__ = ["bench_write"]
 
 IN_FLIGHT = 4
+STALL_S = 60.0  # no acknowledgement for this long: the writer is not consuming this namespace's stream
+
+
+class BenchUnavailable(RuntimeError):
+    """The mesh the bench runs against is not there or not consuming; the message says what to do."""
 
 
 def _card(i: int) -> str:
@@ -67,10 +73,14 @@ async def _stream_run(settings: Settings, run: str, n: int, batch: int) -> tuple
     latencies: list[float] = []
     last = (await client.xinfo_stream(events))["last-generated-id"] if await client.exists(events) else "0-0"
     marker = f"#{run}-"
-    started = time.perf_counter()
+    started = progressed = time.perf_counter()
     sent = 0
     try:
         while len(latencies) < n:
+            if time.perf_counter() - progressed > STALL_S:
+                raise BenchUnavailable(
+                    f"no memory.written on {events} for {STALL_S:.0f} s ({len(latencies)} of {n} acknowledged): is "
+                    f"a memory-writer of namespace {settings.namespace or '(none)'!r} running against this Redis?")
             while sent < n and sent - len(latencies) < IN_FLIGHT * batch:
                 pipe = client.pipeline(transaction=False)
                 for i in range(sent, min(n, sent + batch)):
@@ -92,6 +102,7 @@ async def _stream_run(settings: Settings, run: str, n: int, batch: int) -> tuple
                     if content.startswith(marker):
                         i = int(content[len(marker):content.index("#", len(marker))])
                         latencies.append((now - published[i]) * 1000)
+                        progressed = now
     finally:
         await client.aclose()
     return n / (time.perf_counter() - started), latencies
@@ -160,6 +171,10 @@ async def _baseline(settings: Settings, run: str, batch: int) -> tuple[float, in
 
 
 async def bench_write(settings: Settings, n: int = 20_000, batch: int = 200) -> dict:
+    address = f"{settings.host}:{settings.grpc_port('memory-writer')}"
+    if not await check_health(address):
+        raise BenchUnavailable(f"no memory-writer serving at {address}: start the mesh (`make run`, or `mnemesh serve "
+                               "memory-writer` with the same settings), then run the bench again")
     run = uuid.uuid4().hex[:8]
     print(f"write bench {run}: {n} memories, batches of {batch}, against the running memory-writer", flush=True)
     stream_rate, latencies = await _stream_run(settings, f"{run}-s", n, batch)

@@ -94,3 +94,11 @@ def test_run_refuses_the_published_secret_unless_in_development_mode(tmp_path) -
     result = mnemesh("run", MNEMESH_DATA_DIR=str(tmp_path))
     assert result.returncode == 2
     assert "MNEMESH_JWT_SECRET" in result.stderr and "mnemesh run --dev" in result.stderr
+
+
+def test_the_write_bench_without_a_running_writer_says_how_to_start_one(redis_url: str, database_url: str) -> None:
+    port = closed_port()
+    result = mnemesh("bench", "write", "--n", "10", REDIS_URL=redis_url, DATABASE_URL=database_url,
+                     MNEMESH_DEV_MODE="true", MNEMESH_MEMORY_WRITER_GRPC_PORT=str(port))
+    assert result.returncode == 2
+    assert f"no memory-writer serving at 127.0.0.1:{port}" in result.stderr and "make run" in result.stderr

@@ -23,7 +23,7 @@ from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["on_access", "on_write_batch", "scrub_command", "scrubber"]
+__all__ = ["command_user", "on_access", "on_write_batch", "scrub_command", "scrubber"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
@@ -36,7 +36,7 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: 
         index: list[int] = []
         for i, envelope in enumerate(envelopes):
             try:
-                cmds.append(command_from_proto(envelope.message(), written_by=PRODUCER))
+                cmds.append(command_from_proto(envelope.peek(), written_by=PRODUCER))
                 index.append(i)
             except DomainError as exc:
                 outcomes[i] = exc
@@ -52,6 +52,11 @@ def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: 
         return outcomes
 
     return handle
+
+
+def command_user(envelope: Envelope) -> str:
+    """The user a command writes for: one user's commands keep their stream order across batches in flight."""
+    return envelope.peek().tenant.user_id
 
 
 def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkeep.SweepPolicy):

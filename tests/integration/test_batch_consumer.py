@@ -1,0 +1,97 @@
+"""BatchConsumer with batches in flight, against real Redis and PostgreSQL: batches of different order
+keys overlap, one key's entries keep their stream order, and nothing is handled twice or left pending."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from libs.db import Database
+from libs.events import Envelope
+from libs.events.bus import EventBus
+from libs.events.batches import BatchConsumer
+from libs.events.schema import MEMORY_ACCESS
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
+
+pytestmark = pytest.mark.integration
+TENANT = "t1"
+
+
+def _access(user: str, label: str) -> Envelope:
+    message = events_pb2.MemoryAccessed(tenant=common_pb2.TenantContext(tenant_id=TENANT, user_id=user),
+                                        memory_ids=[label])
+    return Envelope.wrap(message, event_type="memory.accessed", tenant_id=TENANT)
+
+
+def _user(envelope: Envelope) -> str:
+    return envelope.peek().tenant.user_id
+
+
+async def _consume(bus: EventBus, db: Database, labels: list[tuple[str, str]], *, in_flight: int,
+                   hold_s: float = 0.3) -> list[tuple[str, str, float, float]]:
+    """Publish one entry per (user, label), consume them in batches of one, each held `hold_s` in its
+    transaction; answer (user, label, start, end) per handler call."""
+    calls: list[tuple[str, str, float, float]] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+        start = time.monotonic()
+        await conn.execute("SELECT pg_sleep($1)", hold_s)
+        calls.extend((_user(e), e.peek().memory_ids[0], start, time.monotonic()) for e in envelopes)
+        return [None] * len(envelopes)
+
+    for user, label in labels:
+        await bus.publish(_access(user, label))
+    consumer = BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=1, block_ms=20,
+                             in_flight=in_flight, order_key=_user if in_flight > 1 else None)
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(20):
+            while len(calls) < len(labels):
+                await asyncio.sleep(0.02)
+            redis = await bus.redis()
+            while (await redis.xpending(bus.stream_name(MEMORY_ACCESS), "g"))["pending"]:
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return calls
+
+
+@pytest.fixture
+async def bus(redis_url: str, streams: str):
+    bus = EventBus(redis_url, consumer_name="c1", namespace=streams.replace(".", "_"))
+    yield bus
+    redis = await bus.redis()
+    await redis.delete(bus.stream_name(MEMORY_ACCESS))
+    await bus.stop()
+
+
+async def test_batches_of_other_users_overlap_and_one_users_entries_keep_their_order(bus: EventBus,
+                                                                                     db: Database) -> None:
+    calls = await _consume(bus, db, [("ann", "a1"), ("bob", "b1"), ("ann", "a2"), ("cat", "c1"), ("ann", "a3")],
+                           in_flight=3)
+    assert sorted(label for _, label, _, _ in calls) == ["a1", "a2", "a3", "b1", "c1"]  # each once
+    by_label = {label: (start, end) for _, label, start, end in calls}
+    # ann's entries one after the other, in stream order
+    assert by_label["a1"][1] <= by_label["a2"][0] and by_label["a2"][1] <= by_label["a3"][0]
+    # bob's batch ran while ann's first was in its transaction
+    assert by_label["b1"][0] < by_label["a1"][1]
+    # never more than three at once
+    for _, _, start, _ in calls:
+        assert sum(1 for _, _, s, e in calls if s <= start < e) <= 3
+
+
+async def test_one_batch_in_flight_handles_batches_one_after_the_other(bus: EventBus, db: Database) -> None:
+    calls = await _consume(bus, db, [("ann", "a1"), ("bob", "b1"), ("cat", "c1")], in_flight=1, hold_s=0.1)
+    ordered = sorted(calls, key=lambda c: c[2])
+    assert [label for _, label, _, _ in ordered] == ["a1", "b1", "c1"]
+    assert all(prev[3] <= nxt[2] for prev, nxt in zip(ordered, ordered[1:], strict=False))
+
+
+def test_batches_in_flight_need_an_order_key(bus: EventBus, db: Database) -> None:
+    with pytest.raises(ValueError, match="order_key"):
+        BatchConsumer(bus, db, MEMORY_ACCESS, "g", lambda *a: [], None, in_flight=2)
+    with pytest.raises(ValueError, match="in_flight"):
+        BatchConsumer(bus, db, MEMORY_ACCESS, "g", lambda *a: [], None, in_flight=0, order_key=_user)

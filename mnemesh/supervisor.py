@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config import SERVICES, Settings, redacted
-from mnemesh.infra import Infrastructure, InfrastructureError, port_free, start_infrastructure
+from mnemesh.infra import Infrastructure, InfrastructureError, free_port, port_free, start_infrastructure
 from mnemesh.processes import DataFolderBusy, data_folder_lock, guarded
 from mnemesh.watchdog import Watchdog
 
@@ -73,6 +74,8 @@ class Child:
     address: str
     metrics: str
     log: Path
+    service: str = ""  # what it serves (`name` unless it is an extra worker, e.g. memory-writer.2)
+    env: dict[str, str] = field(default_factory=dict)  # its own settings (a worker's replica and ports)
     process: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -94,14 +97,24 @@ class Supervisor:
         for name in SERVICES:
             self.children[name] = Child(
                 name, f"{host}:{self.settings.grpc_port(name)}",
-                f"http://{host}:{self.settings.metrics_port(name)}/metrics", logs / f"{name}.log")
+                f"http://{host}:{self.settings.metrics_port(name)}/metrics", logs / f"{name}.log", service=name)
+        # More memory-writer processes: each consumes the commands stream as a replica of its own (a stream
+        # batch is CPU-bound Python; one process uses one core), on ports of its own, which nobody needs to know.
+        replica = self.settings.replica or socket.gethostname()
+        for k in range(2, self.settings.memory_writer_workers + 1):
+            name, grpc_port, metrics_port = f"memory-writer.{k}", free_port(), free_port()
+            self.children[name] = Child(
+                name, f"{host}:{grpc_port}", f"http://{host}:{metrics_port}/metrics", logs / f"{name}.log",
+                service="memory-writer", env={"MNEMESH_REPLICA": f"{replica}.{k}"[-64:],
+                                              "MNEMESH_MEMORY_WRITER_GRPC_PORT": str(grpc_port),
+                                              "MNEMESH_MEMORY_WRITER_METRICS_PORT": str(metrics_port)})
 
     def spawn(self, child: Child) -> None:
-        env = {**self.mesh_addresses(), **os.environ, **self.env,
+        env = {**self.mesh_addresses(), **os.environ, **self.env, **child.env,
                "MNEMESH_DATA_DIR": str(self.settings.data_dir.resolve())}
         with child.log.open("ab") as out:
             child.process = subprocess.Popen(
-                guarded([sys.executable, "-m", "mnemesh", "serve", child.name]), env=env, stdout=out,
+                guarded([sys.executable, "-m", "mnemesh", "serve", child.service]), env=env, stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         child.started_at, child.healthy, child.restart_at = time.monotonic(), False, None
 
@@ -224,7 +237,7 @@ async def _serve(settings: Settings, infra: Infrastructure, stop: asyncio.Event)
     sup = Supervisor(settings, infra.env(), Watchdog(infra, say=lambda m: print(m, flush=True)))
     code = 0
     try:
-        print("  starting memory-writer, retriever, tool-gateway, adapter, orchestrator...", flush=True)
+        print(f"  starting {', '.join(sup.children)}...", flush=True)
         for child in sup.children.values():
             sup.spawn(child)
         failed = await sup.wait_healthy(stop)

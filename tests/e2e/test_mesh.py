@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -31,6 +32,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]  # a loaded boot may ta
 BOOT_TIMEOUT = 240
 
 
+def serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 class Mesh:
     def __init__(self, data_dir: Path) -> None:
         self.env = {k: v for k, v in os.environ.items()
@@ -56,12 +66,7 @@ class Mesh:
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def healthy(self, name: str) -> bool:
-        with grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}") as ch:
-            try:
-                reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
-            except grpc.RpcError:
-                return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return serving(f"127.0.0.1:{self.ports[name]}")
 
     def wait_serving(self, name: str, timeout: float) -> None:
         """Follow the service's health stream (waiting for it to listen) until it says SERVING."""
@@ -192,6 +197,17 @@ def test_status_lists_every_service_as_serving(mesh: Mesh) -> None:
     assert f"MCP for agents (tool-gateway): http://127.0.0.1:{mesh.env['MNEMESH_MCP_HTTP_PORT']}/mcp" in result.stdout
 
 
+def test_run_starts_a_second_memory_writer_as_a_replica_of_its_own(mesh: Mesh) -> None:
+    writers = [p for p in descendants_of(mesh.process.pid) if cmdline(p)[-2:] == ["serve", "memory-writer"]]
+    assert len(writers) == 2  # MNEMESH_MEMORY_WRITER_WORKERS, default 2
+    environments = [p.environ() for p in writers]
+    assert len({e.get("MNEMESH_REPLICA", "") for e in environments}) == 2  # two consumers in the group
+    assert len({e.get("MNEMESH_MEMORY_WRITER_GRPC_PORT") for e in environments}) == 2
+    status = json.loads((Path(mesh.env["MNEMESH_DATA_DIR"]) / "run" / "status.json").read_text())
+    worker = status["services"]["memory-writer.2"]
+    assert worker["pid"] in {p.pid for p in writers} and serving(worker["grpc"])
+
+
 def test_each_service_serves_prometheus_metrics_including_rpc_counts(mesh: Mesh) -> None:
     port = mesh.env["MNEMESH_MEMORY_WRITER_METRICS_PORT"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
@@ -199,6 +215,11 @@ def test_each_service_serves_prometheus_metrics_including_rpc_counts(mesh: Mesh)
     calls = re.search(r'^rpc_server_calls_total\{[^}]*rpc_method="/mnemesh.v1.MemoryWriter/Write"[^}]*\} (\S+)$',
                       text, re.MULTILINE)
     assert calls and float(calls[1]) >= 1, text[-2000:]
+    # The outbox relay publishes from whichever memory-writer process holds the relay's lease.
+    worker = json.loads((Path(mesh.env["MNEMESH_DATA_DIR"]) / "run" / "status.json").read_text())["services"][
+        "memory-writer.2"]["metrics"]
+    with urllib.request.urlopen(worker, timeout=5) as reply:
+        text += reply.read().decode()
     assert "stream_events_published_total" in text
 
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
@@ -54,6 +55,7 @@ from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, InFli
 __all__ = ["DEFERRAL_SECONDS", "BODY_BYTES", "FastCalls"]
 
 log = get_logger(__name__)
+T = TypeVar("T")
 DEFERRAL_SECONDS = 15.0  # the SDK's: how long a call may run before the SSE stream is committed
 BODY_BYTES = "mcp.body_bytes"  # the body's size in the ASGI scope (JsonRpcGuard)
 _PARAM_PREFIX = MCP_PARAM_HEADER_PREFIX.lower().encode()
@@ -71,6 +73,29 @@ class _Plan:
                  modern: bool) -> None:
         self.version, self.params, self.request_id, self.session, self.modern = (version, params, request_id,
                                                                                  session, modern)
+
+
+async def while_connected(work: Coroutine[Any, Any, T], watch: Coroutine[Any, Any, None],
+                          left: Callable[[], bool]) -> T | None:
+    """Await `work` (a request's answer) while `watch` watches the client's stream, which cancels this task
+    when the client leaves. None when the client left (`left()`): nobody to answer (the call is audited).
+    A cancellation of the request itself (the server stops) goes on."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.create_task(watch)
+    try:
+        reply = await work
+    except asyncio.CancelledError:
+        if left() and task.uncancel() == 0:
+            return None
+        raise
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher  # a ping it is sending ends before the answer goes out
+    if task.cancelling():  # this task itself was cancelled meanwhile
+        raise asyncio.CancelledError
+    return reply
 
 
 class FastCalls:
@@ -161,19 +186,9 @@ class FastCalls:
                     task.cancel()
                     return
 
-        watcher = asyncio.create_task(watch())
-        try:
-            reply = await self._reply(plan, scope)
-        except asyncio.CancelledError:
-            if gone and task.uncancel() == 0:  # the client went away: nobody to answer (the call is audited)
-                return
-            raise
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher  # a ping it is sending ends before the answer goes out
-        if task.cancelling():  # this task itself was cancelled meanwhile (the server stops)
-            raise asyncio.CancelledError
+        reply = await while_connected(self._reply(plan, scope), watch(), lambda: gone)
+        if reply is None:
+            return
         body = json.dumps(reply, separators=(",", ":"))
         if committed or not plan.modern:
             frame = f"event: message\r\ndata: {body}\r\n\r\n".encode()

@@ -44,7 +44,7 @@ from starlette.types import Receive, Scope, Send
 
 from libs.auth import Principal
 from libs.logs import get_logger
-from services.tool_gateway.entrypoints.mcp_fast import BODY_BYTES, FastCalls
+from services.tool_gateway.entrypoints.mcp_fast import BODY_BYTES, FastCalls, while_connected
 from services.tool_gateway.entrypoints.mcp_sessions import (
     SESSION_HEADER,
     STATE_ERRORS,
@@ -280,20 +280,13 @@ class RelayCalls(FastCalls):
 
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         relay = ClientRelay(emit, self.answers, principal, session, self.levels, self.timeout) if principal else None
-        watcher = asyncio.create_task(watch())
-        try:
+        async def answer() -> dict[str, Any]:
             with relaying(relay), reporting_progress(report if token is not None else None):
-                reply = await self._reply(plan, scope)
-        except asyncio.CancelledError:
-            if gone and task.uncancel() == 0:  # the client went away: nobody to answer (the call is audited)
-                return
-            raise
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        if task.cancelling():
-            raise asyncio.CancelledError
+                return await self._reply(plan, scope)
+
+        reply = await while_connected(answer(), watch(), lambda: gone)
+        if reply is None:
+            return
         async with lock:
             closed = True
             await send({"type": "http.response.body", "body": _frame(reply), "more_body": False})

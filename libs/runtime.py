@@ -118,6 +118,7 @@ async def run_service(
     configure_logging(name, settings.log_level)
     note_event_loop(settings.event_loop)
     setup_telemetry(name, otlp_endpoint=settings.otlp_endpoint, host=settings.host,
+                    instance=stable_consumer_name(name, settings.replica or None),
                     metrics_port=settings.metrics_port(name) if settings.metrics_enabled else 0)
     await check_infrastructure(settings)
     schema = "_".join(filter(None, [settings.namespace, name])).replace("-", "_")

@@ -37,12 +37,17 @@ def setup_telemetry(
     metrics_port: int = 0,
     host: str = "127.0.0.1",
     span_exporter: SpanExporter | None = None,
+    instance: str = "",
 ) -> None:
-    """Install the global tracer and meter providers once per process."""
+    """Install the global tracer and meter providers once per process; `instance` (the replica's name)
+    tells the series of two processes of one service apart."""
     global _configured
     if _configured:
         return
-    resource = Resource.create({"service.name": f"mnemesh-{service}", "service.namespace": "mnemesh"})
+    attributes = {"service.name": f"mnemesh-{service}", "service.namespace": "mnemesh"}
+    if instance:
+        attributes["service.instance.id"] = instance
+    resource = Resource.create(attributes)
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     if span_exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(span_exporter))

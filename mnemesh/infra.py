@@ -107,10 +107,10 @@ def stop_processes(processes: list[EmbeddedProcess], timeout: float = 3.0) -> No
         proc.wait_stopped(deadline)
 
 
-def free_port() -> int:
-    """A port nothing listens on now (for tests and parallel runs; it may be taken again later)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now on `host` (for tests and parallel runs; it may be taken again later)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -102,14 +102,23 @@ class Supervisor:
         # batch is CPU-bound Python; one process uses one core), on ports of its own, which nobody needs to know.
         replica = self.settings.replica or socket.gethostname()
         for k in range(2, self.settings.memory_writer_workers + 1):
-            name, grpc_port, metrics_port = f"memory-writer.{k}", free_port(), free_port()
-            self.children[name] = Child(
-                name, f"{host}:{grpc_port}", f"http://{host}:{metrics_port}/metrics", logs / f"{name}.log",
-                service="memory-writer", env={"MNEMESH_REPLICA": f"{replica}.{k}"[-64:],
-                                              "MNEMESH_MEMORY_WRITER_GRPC_PORT": str(grpc_port),
-                                              "MNEMESH_MEMORY_WRITER_METRICS_PORT": str(metrics_port)})
+            name = f"memory-writer.{k}"
+            self.children[name] = Child(name, "", "", logs / f"{name}.log", service="memory-writer",
+                                        env={"MNEMESH_REPLICA": f"{replica}.{k}"[-64:]})
+
+    def _worker_ports(self, child: Child) -> None:
+        """Free ports for an extra worker, chosen at each start (a port free at the last may be taken now)."""
+        host, grpc_port = self.settings.host, free_port(self.settings.host)
+        metrics = self.settings.metrics_enabled and self.settings.metrics_port(child.service) != 0
+        metrics_port = free_port(self.settings.host) if metrics else 0
+        child.env |= {"MNEMESH_MEMORY_WRITER_GRPC_PORT": str(grpc_port),
+                      "MNEMESH_MEMORY_WRITER_METRICS_PORT": str(metrics_port)}
+        child.address = f"{host}:{grpc_port}"
+        child.metrics = f"http://{host}:{metrics_port}/metrics" if metrics_port else ""
 
     def spawn(self, child: Child) -> None:
+        if child.service != child.name:
+            self._worker_ports(child)
         env = {**self.mesh_addresses(), **os.environ, **self.env, **child.env,
                "MNEMESH_DATA_DIR": str(self.settings.data_dir.resolve())}
         with child.log.open("ab") as out:

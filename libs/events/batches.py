@@ -141,7 +141,9 @@ class BatchConsumer:
         finally:  # whatever is in flight and uncommitted stays pending and comes back
             for task in self._batches:
                 task.cancel()
-            await asyncio.gather(*self._batches, return_exceptions=True)
+            for outcome in await asyncio.gather(*self._batches, return_exceptions=True):
+                if isinstance(outcome, Exception):  # not lost behind the error that ended the reading
+                    log.error("a batch in flight failed", stream=self.key, exc_info=outcome)
             self._batches.clear()
             self._entry_ids.clear()
 
@@ -186,8 +188,18 @@ class BatchConsumer:
         raw = [item for item in raw if _text(item[0]) not in self._entry_ids]
         if not raw:
             return
-        entries, done = await self._admit(raw)
-        keys = frozenset((e.envelope.tenant_id, self.order_key(e.envelope)) for e in entries)
+        admitted, done = await self._admit(raw)
+        entries, keys = [], set()
+        for entry in admitted:
+            try:
+                keys.add((entry.envelope.tenant_id, self.order_key(entry.envelope)))
+            except DomainError as exc:  # e.g. a payload that does not parse, on a stream that admits it unread
+                await self._dead_letter(entry, exc, 1)
+                done.append(entry.entry_id)
+            else:
+                entries.append(entry)
+        if done:  # settled at admission: acknowledged now, whatever happens to the batch
+            await self._ack(done)
         while True:
             self._reap()
             earlier = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
@@ -196,7 +208,7 @@ class BatchConsumer:
             await asyncio.wait(earlier or self._batches, return_when=asyncio.FIRST_COMPLETED)
         ids = {e.entry_id for e in entries}
         self._entry_ids |= ids
-        task = asyncio.create_task(self._commit(entries, done))
+        task = asyncio.create_task(self._commit(entries, []))
         task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
         self._batches[task] = keys
 
@@ -244,19 +256,24 @@ class BatchConsumer:
 
     async def _commit(self, entries: list[_Entry], done: list[str]) -> None:
         """Run the handler per tenant, then acknowledge what committed or was settled."""
-        redis = await self.bus.redis()
         by_tenant: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
-        if done and self.delete_handled:  # both in one round trip
+        await self._ack(done)
+
+    async def _ack(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        redis = await self.bus.redis()
+        if self.delete_handled:  # both in one round trip
             pipe = redis.pipeline(transaction=False)
-            pipe.xack(self.key, self.group, *done)
-            pipe.xdel(self.key, *done)
+            pipe.xack(self.key, self.group, *ids)
+            pipe.xdel(self.key, *ids)
             await pipe.execute()
-        elif done:
-            await redis.xack(self.key, self.group, *done)
+        else:
+            await redis.xack(self.key, self.group, *ids)
 
     async def _handle_tenant(self, tenant_id: str, entries: list[_Entry]) -> list[str]:
         """Run the handler for one tenant's entries; return the entry ids to acknowledge."""

@@ -49,7 +49,8 @@ class Mesh:
                      "MNEMESH_EMBEDDED_REDIS_PORT": str(free_port()),
                      "MNEMESH_EMBEDDED_POSTGRES_PORT": str(free_port()),
                      "MNEMESH_MCP_HTTP_PORT": str(free_port()),
-                     "MNEMESH_ORCHESTRATOR_HTTP_PORT": str(free_port())}
+                     "MNEMESH_ORCHESTRATOR_HTTP_PORT": str(free_port()),
+                     "MNEMESH_MEMORY_WRITER_WORKERS": "2"}
         self.ports = {}
         for name in SERVICES:
             key = name.upper().replace("-", "_")
@@ -199,7 +200,7 @@ def test_status_lists_every_service_as_serving(mesh: Mesh) -> None:
 
 def test_run_starts_a_second_memory_writer_as_a_replica_of_its_own(mesh: Mesh) -> None:
     writers = [p for p in descendants_of(mesh.process.pid) if cmdline(p)[-2:] == ["serve", "memory-writer"]]
-    assert len(writers) == 2  # MNEMESH_MEMORY_WRITER_WORKERS, default 2
+    assert len(writers) == 2  # MNEMESH_MEMORY_WRITER_WORKERS
     environments = [p.environ() for p in writers]
     assert len({e.get("MNEMESH_REPLICA", "") for e in environments}) == 2  # two consumers in the group
     assert len({e.get("MNEMESH_MEMORY_WRITER_GRPC_PORT") for e in environments}) == 2

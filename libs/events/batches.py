@@ -200,6 +200,8 @@ class BatchConsumer:
                 entries.append(entry)
         if done:  # settled at admission: acknowledged now, whatever happens to the batch
             await self._ack(done)
+        if not entries:
+            return
         while True:
             self._reap()
             earlier = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]

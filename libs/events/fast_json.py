@@ -3,10 +3,11 @@
 protobuf's `json_format.Parse` walks the JSON in pure Python, field by field, with a path string and
 a few checks per value: on the memory commands stream it was about a tenth of the writer's CPU.
 `parse_plain` takes the common case from `json.loads` straight into the message: string, bool,
-integer and enum fields, repeated ones, and nested messages of the same kinds. Whatever it is not
-certain to read exactly as `json_format` would (a well-known type such as Timestamp or Struct,
-a float, bytes, a map, a oneof, a null, a number given as a string, an enum it does not know, an
-unknown or repeated field name, a lone surrogate...) makes it answer None, and the caller parses the
+integer, enum and double fields (finite numbers), repeated ones, nested messages of the same kinds,
+and Struct fields (any JSON object). Whatever it is not certain to read exactly as `json_format`
+would (another well-known type such as Timestamp, a float field, bytes, a map, a oneof, a null, a
+number given as a string, an enum it does not know, an unknown or repeated field name, a lone
+surrogate...) makes it answer None, and the caller parses the
 payload with `json_format`, which gives the same message or the same precise error as always.
 `tests/unit/test_fast_json.py` checks it against `json_format` on generated payloads.
 """
@@ -14,6 +15,7 @@ payload with `json_format`, which gives the same message or the same precise err
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import cache
 
@@ -28,7 +30,8 @@ _INT_TYPES = frozenset({FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_I
                         FieldDescriptor.CPPTYPE_UINT32, FieldDescriptor.CPPTYPE_UINT64})
 
 # Kinds of field this parser reads itself.
-_STRING, _BOOL, _INT, _ENUM, _MESSAGE = range(5)
+_STRING, _BOOL, _INT, _ENUM, _MESSAGE, _DOUBLE, _STRUCT = range(7)
+_EXACT_INT = 2 ** 53  # an integer a double holds exactly
 
 
 class _NotPlain(Exception):
@@ -72,6 +75,12 @@ def _entry(f: FieldDescriptor) -> tuple[str, int, bool, object] | None:
     elif f.cpp_type == FieldDescriptor.CPPTYPE_ENUM and not f.enum_type.full_name.startswith("google.protobuf."):
         kind, extra = _ENUM, ({v.name: v.number for v in f.enum_type.values},
                               frozenset(v.number for v in f.enum_type.values))
+    elif f.cpp_type == FieldDescriptor.CPPTYPE_DOUBLE:
+        kind = _DOUBLE
+    elif f.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE and f.message_type.full_name == "google.protobuf.Struct":
+        if f.is_repeated:
+            return None
+        kind = _STRUCT
     elif f.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
         kind, extra = _MESSAGE, f.message_type
     else:
@@ -92,6 +101,10 @@ def _scalar(kind: int, extra: object, value: object) -> object:
         if type(value) is not int:  # a bool, a float or a string: json_format's rules
             raise _NotPlain
         return value
+    if kind == _DOUBLE:  # a finite number; "NaN", "Infinity" and numbers as strings are json_format's
+        if not ((type(value) is float and math.isfinite(value)) or (type(value) is int and -_EXACT_INT < value < _EXACT_INT)):
+            raise _NotPlain
+        return float(value)
     by_name, numbers = extra  # _ENUM
     if type(value) is str and value in by_name:
         return by_name[value]
@@ -128,6 +141,15 @@ def _fill(message: Message, js: object) -> None:
             sub = getattr(message, attribute)
             sub.SetInParent()
             _fill(sub, value)
+        elif kind == _STRUCT:  # any JSON object, as json_format reads it (Struct.update converts alike)
+            if type(value) is not dict:
+                raise _NotPlain
+            sub = getattr(message, attribute)
+            sub.SetInParent()
+            try:
+                sub.update(value)
+            except (ValueError, TypeError, OverflowError):  # e.g. a lone surrogate, a huge number
+                raise _NotPlain from None
         else:
             setattr(message, attribute, _scalar(kind, extra, value))
 

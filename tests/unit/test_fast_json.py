@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,14 +17,21 @@ from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
 _NAMES = st.sampled_from(["tenant", "tenantId", "tenant_id", "userId", "user_id", "sessionId", "layer", "source",
                           "content", "key", "confidence", "tags", "derivedFrom", "derived_from", "stepId",
                           "expiresAt", "idempotencyKey", "attributes", "memoryIds", "reason", "version",
-                          "memory", "mergedCount", "engagement", "nope", "[ext]"])
-_SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
+                          "memory", "mergedCount", "engagement", "nope", "[ext]", "latencyMs", "latency_ms",
+                          "arguments", "outcome", "attempts", "error", "errorType", "retryable"])
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8)
             | st.sampled_from(["MEMORY_LAYER_LONG_TERM", "SOURCE_KIND_USER_STATEMENT", "CONFIDENCE_CONFIRMED",
                                "\ud800", "a\udc00b", "1", "2024-01-01T00:00:00Z", "x y"]))
 _JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_NAMES, inner, max_size=4),
                      max_leaves=12)
 _MESSAGES = [memory_pb2.WriteMemoryRequest, events_pb2.MemoryForgotten, events_pb2.MemoryWritten,
-             events_pb2.MemoryMerged, common_pb2.TenantContext]
+             events_pb2.MemoryMerged, common_pb2.TenantContext, events_pb2.ToolCalled]
+
+
+def _struct(values: dict) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(values)
+    return struct
 
 
 def _reference(payload: str, cls):
@@ -57,12 +64,23 @@ def test_a_producers_command_takes_the_fast_path(request):
         assert parse_plain(payload, memory_pb2.WriteMemoryRequest()) == request
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.builds(events_pb2.ToolCalled, tool=st.text(max_size=6), outcome=st.sampled_from(["ok", "error"]),
+                 latency_ms=st.floats(allow_nan=False, allow_infinity=False), attempts=st.integers(0, 5),
+                 arguments=st.dictionaries(st.text(max_size=4), st.none() | st.booleans() | st.text(max_size=4)
+                                           | st.floats(allow_nan=False, allow_infinity=False)
+                                           | st.integers(-2**60, 2**60), max_size=4).map(_struct)))
+def test_a_tool_event_with_its_latency_and_arguments_takes_the_fast_path(event):
+    payload = json_format.MessageToJson(event, indent=None)
+    assert parse_plain(payload, events_pb2.ToolCalled()) == event == _reference(payload, events_pb2.ToolCalled)
+
+
 @pytest.mark.parametrize("payload", [
     '{"content": "a", "content": "b"}',  # a repeated key
     '{"tenant": {"userId": "u", "user_id": "v"}}',  # one field under two names
     '{"layer": "MEMORY_LAYER_NOPE"}', '{"layer": 99}', '{"layer": 1.0}', '{"layer": true}',
     '{"content": 3}', '{"content": null}', '{"content": "\\ud800"}', '{"tags": "a"}', '{"tags": [null]}',
-    '{"expiresAt": "2024-01-01T00:00:00Z"}', '{"attributes": {}}', '{"nope": 1}', '{"tenant": []}',
+    '{"expiresAt": "2024-01-01T00:00:00Z"}', '{"attributes": []}', '{"nope": 1}', '{"tenant": []}',
     '{"confidence": "1"}', '{"content": "a"',
 ])
 def test_anything_not_plain_is_left_to_json_format(payload):

@@ -67,7 +67,7 @@ def _observation(envelope: Envelope) -> tuple[str, str, Observation] | None:
     """A tool.called event as (tool, context, observation); None for what teaches nothing."""
     if envelope.event_type != "tool.called":
         return None
-    message = envelope.message()
+    message = envelope.peek()
     if not message.version:
         return None  # an unknown tool name: nothing to learn, and no row for whatever a caller typed
     if message.outcome in ("replayed", "cancelled"):

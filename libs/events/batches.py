@@ -165,13 +165,19 @@ class BatchConsumer:
         while True:
             if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
                 next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
-                result = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
-                                                count=self.batch_size)
-                # Redis 7 adds the ids of entries deleted while pending; Redis 6.2 (embedded) answers two items.
-                claimed, deleted = result[1], (result[2] if len(result) > 2 else [])
+                # JUSTID claims without counting a delivery: an entry of a batch of ours still in flight (a
+                # commit slower than min_idle_ms) is left to that batch, its delivery count untouched.
+                ids = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
+                                             count=self.batch_size, justid=True)  # (redis-py: the ids alone)
+                ids = [_text(i) for i in ids if _text(i) not in self._entry_ids]
+                claimed = await redis.xclaim(self.key, self.group, self.consumer, 0, ids) if ids else []
+                # An entry deleted while pending: Redis 6.2 (embedded) answers (None, None) for it and keeps it
+                # pending (Redis 7 dropped it already); nothing is left to handle.
+                claimed = [(i, fields) for i, fields in claimed if i is not None]
+                deleted = set(ids) - {_text(i) for i, _ in claimed}
                 if deleted:
                     await redis.xack(self.key, self.group, *deleted)
-                if claimed:
+                if claimed:  # (XCLAIM counted these deliveries)
                     await self._dispatch(claimed)
             read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
                                           block=self.block_ms)
@@ -183,10 +189,6 @@ class BatchConsumer:
         """Handle a batch now (`in_flight` 1), or start it once it may run beside the batches in flight."""
         if self.in_flight == 1:
             await self.handle(raw)
-            return
-        # XAUTOCLAIM may hand back an entry of a batch of ours still in flight (a slow commit): not twice.
-        raw = [item for item in raw if _text(item[0]) not in self._entry_ids]
-        if not raw:
             return
         admitted, done = await self._admit(raw)
         entries, keys = [], set()

@@ -107,6 +107,70 @@ async def test_an_entry_whose_order_key_fails_is_dead_lettered_and_its_neighbour
     assert len(dead) == 1 and b"memory_ids" in dead[0][1][b"dead.reason"]
 
 
+async def test_a_batch_slower_than_the_idle_time_is_not_claimed_again_nor_its_deliveries_counted(
+        redis_url: str, redis_client, streams: str, db: Database) -> None:
+    """Reclaiming runs every min_idle_ms / 2 while a batch is in flight: it must neither deliver that batch's
+    entry again nor count deliveries, or the entry's one failure would dead-letter it (max_deliveries 3)."""
+    bus = EventBus(redis_url, consumer_name="c1", namespace=streams.replace(".", "_") + "_slow", min_idle_ms=200,
+                   max_deliveries=3)
+    attempts: list[str] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[BaseException | None]:
+        attempts.extend(e.peek().memory_ids[0] for e in envelopes)
+        if len(attempts) == 1:
+            await conn.execute("SELECT pg_sleep(1.5)")
+            return [RuntimeError("the first attempt fails after a slow commit")]
+        return [None] * len(envelopes)
+
+    await bus.publish(_access("ann", "a1"))
+    consumer = BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=1, block_ms=20, in_flight=2,
+                             order_key=_user)
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(20):
+            while attempts != ["a1", "a1"]:
+                await asyncio.sleep(0.02)
+            while (await redis_client.xpending(bus.stream_name(MEMORY_ACCESS), "g"))["pending"]:
+                await asyncio.sleep(0.02)
+    finally:
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1)
+        await bus.stop()
+    assert await redis_client.xrange(dead_letter_stream(bus.stream_name(MEMORY_ACCESS))) == []
+    await redis_client.delete(bus.stream_name(MEMORY_ACCESS))
+
+
+async def test_an_entry_deleted_while_a_dead_consumer_held_it_is_acknowledged_not_handled(
+        bus: EventBus, db: Database, redis_client) -> None:
+    key = bus.stream_name(MEMORY_ACCESS)
+    await redis_client.xgroup_create(key, "g", id="0", mkstream=True)
+    gone = await bus.publish(_access("ann", "a1"))
+    kept = await bus.publish(_access("bob", "b1"))
+    await redis_client.xreadgroup("g", "dead-consumer", {key: ">"})  # both pending with a consumer that died
+    await redis_client.xdel(key, gone)  # e.g. trimmed
+    handled: list[str] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+        handled.extend(e.peek().memory_ids[0] for e in envelopes)
+        return [None] * len(envelopes)
+
+    bus.min_idle_ms = 50
+    consumer = BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=10, block_ms=20, in_flight=2,
+                             order_key=_user)
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(20):
+            while handled != ["b1"] or (await redis_client.xpending(key, "g"))["pending"]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+    finally:
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1)
+    assert kept and handled == ["b1"]
+
+
 def test_batches_in_flight_need_an_order_key(bus: EventBus, db: Database) -> None:
     with pytest.raises(ValueError, match="order_key"):
         BatchConsumer(bus, db, MEMORY_ACCESS, "g", lambda *a: [], None, in_flight=2)

@@ -30,6 +30,14 @@ def _user(envelope: Envelope) -> str:
     return envelope.peek().tenant.user_id
 
 
+async def _stop(task: asyncio.Task) -> None:
+    """Cancelled again until it ends: redis-py on Python 3.11 may lose a cancellation that lands as its
+    socket timeout fires, and go on reading (the services' shutdown bounds its wait the same way)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1)
+
+
 async def _consume(bus: EventBus, db: Database, labels: list[tuple[str, str]], *, in_flight: int,
                    hold_s: float = 0.3, order_key=_user) -> list[tuple[str, str, float, float]]:
     """Publish one entry per (user, label), consume them in batches of one, each held `hold_s` in its
@@ -55,11 +63,7 @@ async def _consume(bus: EventBus, db: Database, labels: list[tuple[str, str]], *
             while (await redis.xpending(bus.stream_name(MEMORY_ACCESS), "g"))["pending"]:
                 await asyncio.sleep(0.02)
     finally:
-        # Cancelled again until it ends: redis-py on Python 3.11 may lose a cancellation that lands as its
-        # socket timeout fires, and go on reading (the services' shutdown bounds its wait the same way).
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1)
+        await _stop(task)
     return calls
 
 
@@ -133,9 +137,7 @@ async def test_a_batch_slower_than_the_idle_time_is_not_claimed_again_nor_its_de
             while (await redis_client.xpending(bus.stream_name(MEMORY_ACCESS), "g"))["pending"]:
                 await asyncio.sleep(0.02)
     finally:
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1)
+        await _stop(task)
         await bus.stop()
     assert await redis_client.xrange(dead_letter_stream(bus.stream_name(MEMORY_ACCESS))) == []
     await redis_client.delete(bus.stream_name(MEMORY_ACCESS))
@@ -165,9 +167,7 @@ async def test_an_entry_deleted_while_a_dead_consumer_held_it_is_acknowledged_no
                 assert not task.done(), task.exception()
                 await asyncio.sleep(0.02)
     finally:
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1)
+        await _stop(task)
     assert kept and handled == ["b1"]
 
 

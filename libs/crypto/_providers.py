@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -30,9 +31,7 @@ class LocalKeyFile:
                 raise FileNotFoundError(f"no master key file at {path}: create one (32 random bytes, mode 0600) "
                                         "or configure a PKCS#11 provider")
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(new_key())
+            _create_once(path, new_key())
         key = path.read_bytes()
         if len(key) != KEY_BYTES:
             raise ValueError(f"the master key file {path} must hold exactly {KEY_BYTES} bytes, not {len(key)}")
@@ -44,6 +43,23 @@ class LocalKeyFile:
 
     def unwrap(self, wrapped: bytes, context: bytes) -> bytes:
         return open_sealed(self._key, wrapped, context)
+
+
+def _create_once(path: Path, data: bytes) -> None:
+    """`path` holding `data` (mode 0600) unless it exists, atomically: a process starting beside this one
+    sees no file or the whole key, never a half-written one, and of two creators one wins, the other
+    reading its key. (The key is written to a file of its own, then hard-linked into place.)"""
+    spare = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        with contextlib.suppress(FileExistsError):  # another process created it first: its key it is
+            os.link(spare, path)
+    finally:
+        spare.unlink(missing_ok=True)
 
 
 # A PKCS#11 application logs in to a token once: every provider on the same token shares that

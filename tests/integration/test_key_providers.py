@@ -76,3 +76,20 @@ def test_a_local_key_file_is_created_private_and_refuses_a_foreign_wrapping(tmp_
         LocalKeyFile(tmp_path / "other.key", create=True).unwrap(wrapped, b"user:u1")
     with pytest.raises(FileNotFoundError):
         LocalKeyFile(tmp_path / "missing.key")
+
+
+def test_processes_starting_together_create_one_local_key_and_all_read_it_whole(tmp_path) -> None:
+    """Two memory-writer processes of one `mnemesh run` start together on one data folder."""
+    import sys
+
+    script = ("import sys; from libs.crypto import LocalKeyFile; "
+              "print(LocalKeyFile(sys.argv[1], create=True).key_id)")
+    for round_ in range(5):
+        path = tmp_path / f"r{round_}" / "master.key"
+        racers = [subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for _ in range(6)]
+        outcomes = [(p.wait(60), *p.communicate()) for p in racers]
+        assert [code for code, _, _ in outcomes] == [0] * 6, [err for _, _, err in outcomes]
+        assert len({out for _, out, _ in outcomes}) == 1  # one key, read whole by all
+        assert sorted(p.name for p in path.parent.iterdir()) == ["master.key"]  # no spare file left
+        assert path.stat().st_mode & 0o777 == 0o600

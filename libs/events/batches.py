@@ -23,6 +23,15 @@ With `in_flight` above 1, the consumer reads and admits the next batch while ear
 their transactions (a writer otherwise idles through every round trip of a commit). Entries that share
 an order key (`order_key`, per tenant: e.g. the user a command is for) are still handled in stream
 order: a batch holding a key of a batch still in flight waits for that batch to finish before it starts.
+
+Across replicas (consumers of one group) the same order holds: before an entry is handled, the group's
+pending list says which earlier entries other consumers still hold, and an entry whose key one of them
+shares is parked until that one is settled. Entries are delivered in stream order, so an earlier entry
+is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
+parked always move on. Only an entry pending longer than `min_idle_ms` (its consumer dead, or its
+failure waiting to be retried) no longer holds the others back: it is reclaimed and handled after them,
+as a retried failure is within one consumer. The consumer keeps the entries it holds (in flight or
+parked) fresh in the pending list, so no other replica reclaims them while they wait or commit.
 """
 
 from __future__ import annotations
@@ -65,6 +74,13 @@ class _Entry:
     entry_id: str
     fields: dict[str, str]
     envelope: Envelope | None = None
+    order: Hashable = None  # (tenant id, order key) once admitted by a consumer with an order_key
+
+
+def _position(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as something that sorts in stream order."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class _VerifiedOnce:
@@ -107,6 +123,9 @@ class BatchConsumer:
         self.in_flight, self.order_key = in_flight, order_key
         self._batches: dict[asyncio.Task, frozenset] = {}  # in flight: the batch's task -> its order keys
         self._entry_ids: set[str] = set()  # the entries of those batches
+        self._parked: list[_Entry] = []  # waiting for an earlier entry of their key another consumer holds
+        self._foreign: dict[str, Hashable] = {}  # other consumers' pending entries: id -> order (None: unknown)
+        self._next_touch = 0.0
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
         self.batch_size, self.block_ms = batch_size, block_ms
@@ -146,6 +165,7 @@ class BatchConsumer:
                     log.error("a batch in flight failed", stream=self.key, exc_info=outcome)
             self._batches.clear()
             self._entry_ids.clear()
+            self._parked.clear()  # still pending here: read back, in stream order, when reading resumes
 
     async def _read(self) -> None:
         redis = await self.bus.redis()
@@ -163,13 +183,15 @@ class BatchConsumer:
                 await self._dispatch(own[0][1][start:start + self.batch_size])
         next_claim = 0.0
         while True:
+            await self._touch()
             if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
                 next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
                 # JUSTID claims without counting a delivery: an entry of a batch of ours still in flight (a
-                # commit slower than min_idle_ms) is left to that batch, its delivery count untouched.
+                # commit slower than min_idle_ms) or parked is left where it is, its delivery count untouched.
                 ids = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
                                              count=self.batch_size, justid=True)  # (redis-py: the ids alone)
-                ids = [_text(i) for i in ids if _text(i) not in self._entry_ids]
+                held = self._held()
+                ids = [_text(i) for i in ids if _text(i) not in held]
                 claimed = await redis.xclaim(self.key, self.group, self.consumer, 0, ids) if ids else []
                 # An entry deleted while pending: Redis 6.2 (embedded) answers (None, None) for it and keeps it
                 # pending (Redis 7 dropped it already); nothing is left to handle.
@@ -179,22 +201,40 @@ class BatchConsumer:
                     await redis.xack(self.key, self.group, *deleted)
                 if claimed:  # (XCLAIM counted these deliveries)
                     await self._dispatch(claimed)
+            # Parked entries are looked at again soon: what holds them back is usually one commit away.
             read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
-                                          block=self.block_ms)
+                                          block=min(self.block_ms, 20) if self._parked else self.block_ms)
             self._reap()
             if read and read[0][1]:
                 await self._dispatch(read[0][1])
+            elif self._parked:
+                await self._start([])
+
+    def _held(self) -> set[str]:
+        """The entries this consumer holds: in flight, or parked."""
+        return self._entry_ids | {e.entry_id for e in self._parked}
+
+    async def _touch(self) -> None:
+        """Every min_idle_ms / 4, reset the idle time of the entries this consumer holds (XCLAIM JUSTID: no
+        delivery counted), so no other replica takes them for abandoned while they wait or commit."""
+        if time.monotonic() < self._next_touch:
+            return
+        self._next_touch = time.monotonic() + self.bus.min_idle_ms / 4000
+        held = self._held()
+        if held:
+            redis = await self.bus.redis()
+            await redis.xclaim(self.key, self.group, self.consumer, 0, sorted(held), justid=True)
 
     async def _dispatch(self, raw: list) -> None:
-        """Handle a batch now (`in_flight` 1), or start it once it may run beside the batches in flight."""
-        if self.in_flight == 1:
+        """Handle a batch now (no order key), or start it once it may run beside the batches in flight."""
+        if self.order_key is None:
             await self.handle(raw)
             return
         admitted, done = await self._admit(raw)
-        entries, keys = [], set()
+        entries = []
         for entry in admitted:
             try:
-                keys.add((entry.envelope.tenant_id, self.order_key(entry.envelope)))
+                entry.order = (entry.envelope.tenant_id, self.order_key(entry.envelope))
             except DomainError as exc:  # e.g. a payload that does not parse, on a stream that admits it unread
                 await self._dead_letter(entry, exc, 1)
                 done.append(entry.entry_id)
@@ -202,19 +242,75 @@ class BatchConsumer:
                 entries.append(entry)
         if done:  # settled at admission: acknowledged now, whatever happens to the batch
             await self._ack(done)
+        await self._start(entries)
+
+    async def _start(self, entries: list[_Entry]) -> None:
+        """Park the entries an earlier entry of their key held by another consumer keeps back (with the
+        parked before them, in stream order); start the rest as a batch once no batch in flight shares a
+        key with it and there is room."""
+        if self._parked:
+            entries = sorted(self._parked + entries, key=lambda e: _position(e.entry_id))
+            self._parked = []
         if not entries:
             return
+        first_held = await self._held_elsewhere(entries)
+        ready = []
+        for entry in entries:
+            earlier = first_held.get(entry.order)
+            (self._parked if earlier is not None and earlier < _position(entry.entry_id) else ready).append(entry)
+        if not ready:
+            return
+        keys = {entry.order for entry in ready}
         while True:
             self._reap()
-            earlier = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
-            if not earlier and len(self._batches) < self.in_flight:
+            earlier_batches = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
+            if not earlier_batches and len(self._batches) < self.in_flight:
                 break
-            await asyncio.wait(earlier or self._batches, return_when=asyncio.FIRST_COMPLETED)
-        ids = {e.entry_id for e in entries}
+            await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
+                               return_when=asyncio.FIRST_COMPLETED)
+            await self._touch()
+        ids = {e.entry_id for e in ready}
         self._entry_ids |= ids
-        task = asyncio.create_task(self._commit(entries, []))
+        task = asyncio.create_task(self._commit(ready, []))
         task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
         self._batches[task] = keys
+
+    async def _held_elsewhere(self, entries: list[_Entry]) -> dict[Hashable, tuple[int, int]]:
+        """Order key -> position of the first entry up to the last of `entries` that another consumer of the
+        group holds (pending there for less than min_idle_ms). One XPENDING when this consumer is alone."""
+        redis = await self.bus.redis()
+        summary = await redis.xpending(self.key, self.group)
+        if all(_text(c["name"]) == self.consumer for c in summary["consumers"]):
+            self._foreign.clear()
+            return {}
+        last = max((e.entry_id for e in entries), key=_position)
+        pending = await redis.xpending_range(self.key, self.group, min="-", max=last, count=10_000)
+        foreign = [_text(p["message_id"]) for p in pending
+                   if _text(p["consumer"]) != self.consumer and p["time_since_delivered"] < self.bus.min_idle_ms]
+        unknown = [i for i in foreign if i not in self._foreign]
+        self._foreign = {i: self._foreign[i] for i in foreign if i in self._foreign}
+        if unknown:
+            pipe = redis.pipeline(transaction=False)
+            for entry_id in unknown:
+                pipe.xrange(self.key, entry_id, entry_id, count=1)
+            for entry_id, found in zip(unknown, await pipe.execute(), strict=True):
+                self._foreign[entry_id] = self._order_of(found[0][1]) if found else None
+        first: dict[Hashable, tuple[int, int]] = {}
+        for entry_id, order in self._foreign.items():
+            if order is not None:
+                position = _position(entry_id)
+                if order not in first or position < first[order]:
+                    first[order] = position
+        return first
+
+    def _order_of(self, fields: dict) -> Hashable:
+        """The order of another consumer's entry, read without admitting it (None: it has none; its own
+        consumer dead-letters it)."""
+        try:
+            envelope = Envelope.from_fields({_text(k): _text(v) for k, v in fields.items()})
+            return envelope.tenant_id, self.order_key(envelope)
+        except Exception:  # noqa: BLE001 - whatever it is, its own consumer admits or dead-letters it
+            return None
 
     def _reap(self) -> None:
         """Forget the batches that finished; a failure of one (Redis away) is raised here, to `run`."""

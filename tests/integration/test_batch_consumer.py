@@ -176,3 +176,125 @@ def test_batches_in_flight_need_an_order_key(bus: EventBus, db: Database) -> Non
         BatchConsumer(bus, db, MEMORY_ACCESS, "g", lambda *a: [], None, in_flight=2)
     with pytest.raises(ValueError, match="in_flight"):
         BatchConsumer(bus, db, MEMORY_ACCESS, "g", lambda *a: [], None, in_flight=0, order_key=_user)
+
+
+async def test_two_replicas_keep_one_users_order_and_handle_other_users_side_by_side(
+        redis_url: str, redis_client, bus: EventBus, db: Database) -> None:
+    """Two consumers of one group (two writer processes): each reads its own batches, yet one user's entries
+    are handled one after the other in stream order, whichever replica holds them."""
+    other = EventBus(redis_url, consumer_name="c2", namespace=bus.namespace)
+    labels = [("ann", "a1"), ("bob", "b1"), ("ann", "a2"), ("cat", "c1"), ("ann", "a3"), ("cat", "c2"),
+              ("bob", "b2"), ("dan", "d1"), ("ann", "a4"), ("eve", "e1")]
+    for user, label in labels:
+        await bus.publish(_access(user, label))
+    calls: list[tuple[str, str, str, float, float]] = []
+
+    def handler_of(replica: str):
+        async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+            start = time.monotonic()
+            await conn.execute("SELECT pg_sleep(0.2)")
+            calls.extend((replica, _user(e), e.peek().memory_ids[0], start, time.monotonic()) for e in envelopes)
+            return [None] * len(envelopes)
+        return handler
+
+    tasks = [asyncio.create_task(BatchConsumer(b, db, MEMORY_ACCESS, "g", handler_of(name), None, batch_size=2,
+                                               block_ms=20, order_key=_user).run())
+             for name, b in (("c1", bus), ("c2", other))]
+    try:
+        async with asyncio.timeout(30):
+            while len(calls) < len(labels) or (await redis_client.xpending(bus.stream_name(MEMORY_ACCESS),
+                                                                            "g"))["pending"]:
+                assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
+                await asyncio.sleep(0.02)
+    finally:
+        for task in tasks:
+            await _stop(task)
+        await other.stop()
+    assert sorted(label for _, _, label, _, _ in calls) == sorted(label for _, label in labels)  # each once
+    for user in {u for u, _ in labels}:
+        stream_order = [label for u, label in labels if u == user]
+        handled = sorted((c for c in calls if c[1] == user), key=lambda c: c[3])
+        assert [c[2] for c in handled] == stream_order
+        # one after the other, or together in one batch (in stream order there)
+        assert all(prev[4] <= nxt[3] or (prev[0], prev[3]) == (nxt[0], nxt[3])
+                   for prev, nxt in zip(handled, handled[1:], strict=False)), handled
+    assert {replica for replica, *_ in calls} == {"c1", "c2"}
+    # the replicas did overlap: some call of one ran while a call of the other was in its transaction
+    assert any(a[3] < b[4] and b[3] < a[4] for a in calls if a[0] == "c1" for b in calls if b[0] == "c2")
+
+
+async def test_an_entry_a_dead_replica_holds_keeps_its_users_later_entries_back_only_until_it_is_idle(
+        bus: EventBus, db: Database, redis_client) -> None:
+    """a1 is pending with a consumer that died: ann's a2 waits until a1 has been idle min_idle_ms, then both
+    are handled (a1 reclaimed), and bob's entry never waits."""
+    key = bus.stream_name(MEMORY_ACCESS)
+    await redis_client.xgroup_create(key, "g", id="0", mkstream=True)
+    await bus.publish(_access("ann", "a1"))
+    await redis_client.xreadgroup("g", "dead-consumer", {key: ">"})
+    for user, label in (("ann", "a2"), ("bob", "b1")):
+        await bus.publish(_access(user, label))
+    handled: list[tuple[str, float]] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+        handled.extend((e.peek().memory_ids[0], time.monotonic()) for e in envelopes)
+        return [None] * len(envelopes)
+
+    bus.min_idle_ms = 1000
+    start = time.monotonic()
+    task = asyncio.create_task(BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=10,
+                                             block_ms=20, in_flight=2, order_key=_user).run())
+    try:
+        async with asyncio.timeout(20):
+            while len(handled) < 3 or (await redis_client.xpending(key, "g"))["pending"]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+    finally:
+        await _stop(task)
+    at = dict(handled)
+    assert at["b1"] - start < 0.5  # not held back
+    assert at["a2"] - start >= 0.9  # held back by a1 until a1 looked abandoned
+    assert at["a1"] - start >= 0.9  # then reclaimed
+
+
+async def test_a_batch_slower_than_the_idle_time_is_not_taken_by_another_replica(
+        redis_url: str, redis_client, streams: str, db: Database) -> None:
+    """c1 holds a1 in a 1.5 s transaction, beyond min_idle_ms; c2 reclaims every 100 ms, yet never takes a1:
+    c1 keeps what it holds fresh in the pending list (were it taken, the processed-event row would still keep
+    a second handling from having an effect, but the delivery would count towards dead-lettering)."""
+    namespace = streams.replace(".", "_") + "_held"
+    buses = [EventBus(redis_url, consumer_name=name, namespace=namespace, min_idle_ms=200) for name in ("c1", "c2")]
+    handled: list[tuple[str, str]] = []
+
+    def handler_of(replica: str):
+        async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+            if replica == "c1":
+                await conn.execute("SELECT pg_sleep(1.5)")
+            handled.extend((replica, e.peek().memory_ids[0]) for e in envelopes)
+            return [None] * len(envelopes)
+        return handler
+
+    await buses[0].publish(_access("ann", "a1"))
+    first = BatchConsumer(buses[0], db, MEMORY_ACCESS, "g", handler_of("c1"), None, batch_size=10, block_ms=20,
+                          order_key=_user)
+    tasks = [asyncio.create_task(first.run())]
+    try:
+        async with asyncio.timeout(20):
+            while not first._entry_ids:
+                await asyncio.sleep(0.01)
+            tasks.append(asyncio.create_task(BatchConsumer(buses[1], db, MEMORY_ACCESS, "g", handler_of("c2"), None,
+                                                           batch_size=10, block_ms=20, order_key=_user).run()))
+            await asyncio.sleep(0.8)  # c2 has looked for abandoned entries several times
+            [pending] = await redis_client.xpending_range(buses[0].stream_name(MEMORY_ACCESS), "g", "-", "+", 10)
+            assert (pending["consumer"], pending["times_delivered"]) == (b"c1", 1)
+            assert not handled
+            while not handled or (await redis_client.xpending(buses[0].stream_name(MEMORY_ACCESS), "g"))["pending"]:
+                assert not any(t.done() for t in tasks)
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)  # time for a wrong second handling to show
+    finally:
+        for task in tasks:
+            await _stop(task)
+        for b in buses:
+            await b.stop()
+        await redis_client.delete(buses[0].stream_name(MEMORY_ACCESS))
+    assert handled == [("c1", "a1")]

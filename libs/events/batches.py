@@ -28,10 +28,11 @@ Across replicas (consumers of one group) the same order holds: before an entry i
 pending list says which earlier entries other consumers still hold, and an entry whose key one of them
 shares is parked until that one is settled. Entries are delivered in stream order, so an earlier entry
 is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
-parked always move on. Only an entry pending longer than `min_idle_ms` (its consumer dead, or its
-failure waiting to be retried) no longer holds the others back: it is reclaimed and handled after them,
-as a retried failure is within one consumer. The consumer keeps the entries it holds (in flight or
-parked) fresh in the pending list, so no other replica reclaims them while they wait or commit.
+parked always move on. An entry pending elsewhere for `min_idle_ms` or more (its consumer dead, or its
+failure waiting to be retried) is reclaimed at once and handled before the entries it held back. The
+consumer keeps the entries it holds (in flight, waiting to start, or parked) fresh in the pending list,
+so no other replica reclaims them while they wait or commit; it stops reading while `batch_size` ×
+`in_flight` entries are parked, and released entries still go in batches of at most `batch_size`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,24 @@ class _Entry:
     fields: dict[str, str]
     envelope: Envelope | None = None
     order: Hashable = None  # (tenant id, order key) once admitted by a consumer with an order_key
+
+
+# Reset the idle time of the entries (ARGV[3:]) that this consumer (ARGV[2]) of the group (ARGV[1]) still
+# owns; answer those another consumer owns now. In one script: nothing runs between the check and the claim.
+_TOUCH = """
+local lost = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p[1] then
+    if p[1][2] == ARGV[2] then
+      redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    else
+      table.insert(lost, ARGV[i])
+    end
+  end
+end
+return lost
+"""
 
 
 def _position(entry_id: str) -> tuple[int, int]:
@@ -125,7 +144,7 @@ class BatchConsumer:
         self._entry_ids: set[str] = set()  # the entries of those batches
         self._parked: list[_Entry] = []  # waiting for an earlier entry of their key another consumer holds
         self._foreign: dict[str, Hashable] = {}  # other consumers' pending entries: id -> order (None: unknown)
-        self._next_touch = 0.0
+        self._next_touch = self._next_claim = 0.0
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
         self.batch_size, self.block_ms = batch_size, block_ms
@@ -181,11 +200,10 @@ class BatchConsumer:
             log.info("taking back pending entries of a previous process", stream=self.key, entries=len(own[0][1]))
             for start in range(0, len(own[0][1]), self.batch_size):
                 await self._dispatch(own[0][1][start:start + self.batch_size])
-        next_claim = 0.0
         while True:
             await self._touch()
-            if time.monotonic() >= next_claim:  # entries left pending by failures or dead consumers
-                next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
+            if time.monotonic() >= self._next_claim:  # entries left pending by failures or dead consumers
+                self._next_claim = time.monotonic() + self.bus.min_idle_ms / 2000
                 # JUSTID claims without counting a delivery: an entry of a batch of ours still in flight (a
                 # commit slower than min_idle_ms) or parked is left where it is, its delivery count untouched.
                 ids = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
@@ -201,9 +219,17 @@ class BatchConsumer:
                     await redis.xack(self.key, self.group, *deleted)
                 if claimed:  # (XCLAIM counted these deliveries)
                     await self._dispatch(claimed)
-            # Parked entries are looked at again soon: what holds them back is usually one commit away.
+            if len(self._parked) >= self.batch_size * self.in_flight:  # enough waiting: read no more meanwhile
+                await asyncio.sleep(0.02)
+                self._reap()
+                await self._start([])
+                continue
+            # Parked entries are looked at again soon: what holds them back is usually one commit away. What
+            # this consumer holds is refreshed often enough however long reading may block.
+            block = min(self.block_ms, 20) if self._parked else self.block_ms
             read = await redis.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.batch_size,
-                                          block=min(self.block_ms, 20) if self._parked else self.block_ms)
+                                          block=min(block, max(1, self.bus.min_idle_ms // 4)) if self._entry_ids
+                                          else block)
             self._reap()
             if read and read[0][1]:
                 await self._dispatch(read[0][1])
@@ -211,19 +237,22 @@ class BatchConsumer:
                 await self._start([])
 
     def _held(self) -> set[str]:
-        """The entries this consumer holds: in flight, or parked."""
+        """The entries this consumer holds: in flight (or waiting to start), or parked."""
         return self._entry_ids | {e.entry_id for e in self._parked}
 
     async def _touch(self) -> None:
-        """Every min_idle_ms / 4, reset the idle time of the entries this consumer holds (XCLAIM JUSTID: no
-        delivery counted), so no other replica takes them for abandoned while they wait or commit."""
+        """Every min_idle_ms / 4, reset the idle time of the entries this consumer holds and still owns (no
+        delivery counted), so no other replica takes them for abandoned while they wait or commit. A parked
+        entry another replica took after all (a stalled loop) is its own now: it leaves the parked."""
         if time.monotonic() < self._next_touch:
             return
         self._next_touch = time.monotonic() + self.bus.min_idle_ms / 4000
         held = self._held()
         if held:
             redis = await self.bus.redis()
-            await redis.xclaim(self.key, self.group, self.consumer, 0, sorted(held), justid=True)
+            lost = {_text(i) for i in await redis.eval(_TOUCH, 1, self.key, self.group, self.consumer, *sorted(held))}
+            if lost:
+                self._parked = [e for e in self._parked if e.entry_id not in lost]
 
     async def _dispatch(self, raw: list) -> None:
         """Handle a batch now (no order key), or start it once it may run beside the batches in flight."""
@@ -258,9 +287,14 @@ class BatchConsumer:
         for entry in entries:
             earlier = first_held.get(entry.order)
             (self._parked if earlier is not None and earlier < _position(entry.entry_id) else ready).append(entry)
-        if not ready:
-            return
-        keys = {entry.order for entry in ready}
+        for start in range(0, len(ready), self.batch_size):
+            await self._launch(ready[start:start + self.batch_size])
+
+    async def _launch(self, batch: list[_Entry]) -> None:
+        """Start a batch once no batch in flight shares a key with it and there is room; held (and so
+        refreshed) from now on."""
+        keys, ids = {entry.order for entry in batch}, {e.entry_id for e in batch}
+        self._entry_ids |= ids
         while True:
             self._reap()
             earlier_batches = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
@@ -269,24 +303,30 @@ class BatchConsumer:
             await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
                                return_when=asyncio.FIRST_COMPLETED)
             await self._touch()
-        ids = {e.entry_id for e in ready}
-        self._entry_ids |= ids
-        task = asyncio.create_task(self._commit(ready, []))
+        task = asyncio.create_task(self._commit(batch, []))
         task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
         self._batches[task] = keys
 
     async def _held_elsewhere(self, entries: list[_Entry]) -> dict[Hashable, tuple[int, int]]:
         """Order key -> position of the first entry up to the last of `entries` that another consumer of the
-        group holds (pending there for less than min_idle_ms). One XPENDING when this consumer is alone."""
+        group holds. One XPENDING when this consumer is alone. An entry held back by one pending for
+        min_idle_ms or more (its consumer dead, or a failure awaiting its retry) has it reclaimed at once
+        (the next round of the read loop), so it is handled first, here."""
         redis = await self.bus.redis()
         summary = await redis.xpending(self.key, self.group)
-        if all(_text(c["name"]) == self.consumer for c in summary["consumers"]):
+        others = [(_text(c["name"]), c["pending"]) for c in summary["consumers"]
+                  if _text(c["name"]) != self.consumer and c["pending"]]
+        if not others:
             self._foreign.clear()
             return {}
         last = max((e.entry_id for e in entries), key=_position)
-        pending = await redis.xpending_range(self.key, self.group, min="-", max=last, count=10_000)
-        foreign = [_text(p["message_id"]) for p in pending
-                   if _text(p["consumer"]) != self.consumer and p["time_since_delivered"] < self.bus.min_idle_ms]
+        foreign, idle = [], set()
+        for name, count in others:  # each consumer's whole pending list up to `last`
+            for p in await redis.xpending_range(self.key, self.group, min="-", max=last, count=count,
+                                                consumername=name):
+                foreign.append(_text(p["message_id"]))
+                if p["time_since_delivered"] >= self.bus.min_idle_ms:
+                    idle.add(foreign[-1])
         unknown = [i for i in foreign if i not in self._foreign]
         self._foreign = {i: self._foreign[i] for i in foreign if i in self._foreign}
         if unknown:
@@ -301,6 +341,8 @@ class BatchConsumer:
                 position = _position(entry_id)
                 if order not in first or position < first[order]:
                     first[order] = position
+                if entry_id in idle:
+                    self._next_claim = 0.0
         return first
 
     def _order_of(self, fields: dict) -> Hashable:

@@ -313,3 +313,50 @@ async def test_a_secret_written_by_grpc_and_by_the_stream_is_not_in_the_retrieve
     for secret in SECRETS:
         assert secret not in json.dumps(payloads, ensure_ascii=False), "a secret is in a Qdrant payload"
         assert secret.encode() not in raw, "a secret is in the Qdrant shard's files"
+
+
+async def test_a_users_reasons_tags_and_attributes_are_only_sealed_in_the_event_store_and_gone_once_forgotten(
+    writer: Settings,
+) -> None:
+    """Not only a memory's content is the user's words: its tags and attributes, a merged write's tags, the
+    reason of a correction or a confirmation too. The event store keeps them only sealed under the user's key
+    (`sealedFields`); Forget deletes their published copies, from the outbox and the stream."""
+    tag, attribute, merged_tag = "tag-ostrich-7", "attr-walrus-7", "tag-gecko-7"
+    corrected_because, confirmed_because = "reason-pelican-7 我搬家了", "reason-heron-7"
+    tenant = common_pb2.TenantContext(tenant_id="acme", user_id="u1")
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        first = request("I walk to work along the river")
+        first.tags.append(tag)
+        first.attributes.update({"note": attribute})
+        await api.Write(first, timeout=10)
+        again = request("I walk to work along the river")  # identical: merged into the first
+        again.tags.append(merged_tag)
+        assert (await api.Write(again, timeout=10)).status == memory_pb2.WRITE_STATUS_MERGED
+        await api.Write(request("Wang", key="user.name"), timeout=10)
+        await api.Correct(memory_pb2.CorrectRequest(tenant=tenant, key="user.name", content="Li",
+                                                    reason=corrected_because), timeout=10)
+        guess = request("Hangzhou", key="user.city")
+        guess.confidence = common_pb2.CONFIDENCE_L2_MEDIUM
+        guessed = await api.Write(guess, timeout=10)
+        await api.Confirm(memory_pb2.ConfirmRequest(tenant=tenant, memory_id=guessed.memory_id,
+                                                    reason=confirmed_because), timeout=10)
+    words = (tag, attribute, merged_tag, "reason-pelican-7", confirmed_because)  # (streams: Chinese JSON-escaped)
+    with anyio.fail_after(30):  # published: the read side gets them as they are
+        while True:
+            streams = await redis_contents(writer)
+            if all(w in streams for w in words):
+                break
+            await anyio.sleep(0.1)
+    stored = [(r["event_type"], json.loads(r["payload"])) for r in await rows_of(
+        writer, "SELECT event_type, payload FROM events WHERE event_type <> 'memory.written' OR"
+                " payload::text LIKE '%sealedFields%'")]
+    assert not any(w in json.dumps(p, ensure_ascii=False) for _, p in stored for w in (*words, corrected_because))
+    assert {t for t, p in stored if p.get("sealedFields")} == {"memory.written", "memory.merged", "memory.corrected",
+                                                                "memory.confirmed"}
+    async with stub(writer, ["*"], subject="operator") as ch:
+        await memory_pb2_grpc.MemoryWriterStub(ch).Forget(memory_pb2.ForgetRequest(tenant=tenant), timeout=10)
+    dump, streams = pg_dump(writer), await redis_contents(writer)
+    for word in (*words, corrected_because):
+        assert word not in dump, f"{word!r} is in the database dump"
+        assert word not in streams, f"{word!r} is in a Redis stream"

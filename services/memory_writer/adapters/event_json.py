@@ -18,7 +18,14 @@ from datetime import UTC, datetime
 from libs.protogen.mnemesh.v1 import common_pb2
 from services.memory_writer.domain import MemoryRecord
 
-__all__ = ["written_payload"]
+__all__ = ["PERSONAL_EVENTS", "PERSONAL_FIELDS", "written_payload"]
+
+# The fields (proto3 JSON names) by which an event carries a user's words besides a memory's content:
+# the event store keeps them only sealed, Forget deletes the published copies.
+PERSONAL_FIELDS = {"memory.written": ("tags", "attributes"),  # of its `memory`
+                   "memory.corrected": ("reason",), "memory.confirmed": ("reason",), "memory.released": ("reason",),
+                   "memory.merged": ("tags",)}
+PERSONAL_EVENTS = frozenset(PERSONAL_FIELDS)
 
 
 def _names(enum) -> dict[int, str]:

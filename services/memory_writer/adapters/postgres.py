@@ -23,7 +23,7 @@ from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.batched import BatchBuffer
 from services.memory_writer.adapters.keys import KeyRing, keyed
-from services.memory_writer.adapters.event_json import written_payload
+from services.memory_writer.adapters.event_json import PERSONAL_EVENTS, PERSONAL_FIELDS, written_payload
 from services.memory_writer.adapters.mapping import event_to_proto
 from services.memory_writer.adapters.rows import INSERT as _INSERT
 from services.memory_writer.adapters.rows import (
@@ -51,6 +51,11 @@ _ON_CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key 
 
 def _aad(record: MemoryRecord) -> bytes:
     return f"mnemesh/memory/{record.tenant_id}/{record.user_id}/{record.memory_id}".encode()
+
+
+def _fields_aad(envelope: Envelope, user_id: str) -> bytes:
+    """What a stored event's sealed fields are bound to: that very event of that user."""
+    return f"mnemesh/event/{envelope.tenant_id}/{user_id}/{envelope.event_id}".encode()
 
 
 class PostgresUnitOfWork:
@@ -317,7 +322,12 @@ class PostgresUnitOfWork:
             tenant_id = payload.memory.tenant.tenant_id if event_type == "memory.written" else payload.tenant.tenant_id
             envelope = Envelope.wrap(payload, event_type=event_type, tenant_id=tenant_id, causation=self.causation)
         conn = await self._as(tenant_id)
-        stored = await self._kept(envelope, event.record, js) if isinstance(event, MemoryWritten) else envelope
+        if isinstance(event, MemoryWritten):
+            stored = await self._kept(envelope, event.record, js)
+        elif envelope.event_type in PERSONAL_EVENTS:
+            stored = await self._kept_fields(envelope, payload.tenant.user_id)
+        else:
+            stored = envelope
         if self._batch is not None:
             return await self._batch.record(conn, stream_id, expected_version, envelope, stored)
         version = await self.store.append(conn, stream_id, expected_version, [stored])
@@ -335,13 +345,36 @@ class PostgresUnitOfWork:
             key = await self._user_key(record.tenant_id, record.user_id, create=True)
             kept["memory"]["sealedContent"] = base64.b64encode(seal(key, record.content.encode(), _aad(record))).decode()
         kept["memory"].pop("content", None)
+        personal = {name: kept["memory"].pop(name) for name in PERSONAL_FIELDS["memory.written"]
+                    if kept["memory"].get(name)}
+        if personal:
+            await self._seal_fields(kept, personal, envelope, record.tenant_id, record.user_id)
         return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
 
+    async def _kept_fields(self, envelope: Envelope, user_id: str) -> Envelope:
+        """The event store's copy of an event with personal fields (PERSONAL_FIELDS): those only sealed."""
+        kept = json.loads(envelope.payload)
+        personal = {name: kept.pop(name) for name in PERSONAL_FIELDS[envelope.event_type] if kept.get(name)}
+        if not personal or not user_id:
+            return envelope
+        await self._seal_fields(kept, personal, envelope, envelope.tenant_id, user_id)
+        return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
+
+    async def _seal_fields(self, kept: dict, personal: dict, envelope: Envelope, tenant_id: str,
+                           user_id: str) -> None:
+        key = await self._user_key(tenant_id, user_id, create=True)
+        blob = seal(key, json.dumps(personal, ensure_ascii=False).encode(), _fields_aad(envelope, user_id))
+        kept["sealedFields"] = base64.b64encode(blob).decode()
+
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
-        """Delete the outbox rows (published or not) announcing memories of `user_id`, or `memory_ids`."""
+        """Delete the outbox rows (published or not) of events that carry personal data (a memory's content,
+        tags, attributes; a reason) of `user_id`, or about `memory_ids`."""
         status = await (await self._as(tenant_id)).execute(
-            "DELETE FROM outbox WHERE tenant_id = $1 AND fields->>'event_type' = 'memory.written' AND"
-            " (($2 <> '' AND (fields->>'payload')::jsonb #>> '{memory,tenant,userId}' = $2)"
-            " OR (fields->>'payload')::jsonb #>> '{memory,memoryId}' = ANY($3::text[]))",
-            tenant_id, user_id, memory_ids)
+            "WITH candidates AS (SELECT id, (fields->>'payload')::jsonb AS p FROM outbox"
+            " WHERE tenant_id = $1 AND fields->>'event_type' = ANY($4::text[]))"
+            " DELETE FROM outbox o USING candidates c WHERE o.id = c.id AND"
+            " (($2 <> '' AND coalesce(c.p #>> '{memory,tenant,userId}', c.p #>> '{tenant,userId}') = $2)"
+            " OR ARRAY[c.p #>> '{memory,memoryId}', c.p->>'memoryId', c.p->>'newMemoryId', c.p->>'oldMemoryId']"
+            " && $3::text[])",
+            tenant_id, user_id, memory_ids, sorted(PERSONAL_EVENTS))
         return rowcount(status)

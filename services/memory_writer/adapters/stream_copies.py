@@ -1,7 +1,7 @@
 """Copies of a user's memories in Redis streams, and their removal on Forget.
 
-The published copy of a memory.written carries the content the read side indexes, and the stream
-keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
+The published copy of a memory.written carries the content the read side indexes (and a correction,
+confirmation, release or merge its reason or tags), and the stream keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
 redacted) in the commands' dead-letter stream, which is never trimmed. Forget removes the forgotten
 user's (or memories') entries from both at once, by one pass over each stream (XRANGE in pages,
 XDEL of the matches): forgetting is rare, the streams are bounded.
@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from libs.events.bus import EventBus
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, dead_letter_stream
+from services.memory_writer.adapters.event_json import PERSONAL_EVENTS
 
 __all__ = ["RedisStreamCopies"]
 
@@ -41,18 +42,21 @@ class RedisStreamCopies:
     async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
         wanted = set(memory_ids)
 
-        def written(fields: dict[str, str]) -> bool:
-            if fields.get("event_type") != "memory.written" or fields.get("tenant_id") != tenant_id:
+        def personal(fields: dict[str, str]) -> bool:
+            if fields.get("event_type") not in PERSONAL_EVENTS or fields.get("tenant_id") != tenant_id:
                 return False
-            memory = _payload(fields, "payload").get("memory") or {}
-            return bool(user_id and (memory.get("tenant") or {}).get("userId") == user_id) or \
-                memory.get("memoryId") in wanted
+            payload = _payload(fields, "payload")
+            memory = payload.get("memory") or {}
+            owner = (memory.get("tenant") or payload.get("tenant") or {}).get("userId")
+            about = {memory.get("memoryId"), payload.get("memoryId"), payload.get("newMemoryId"),
+                     payload.get("oldMemoryId")}
+            return bool(user_id and owner == user_id) or not about.isdisjoint(wanted)
 
         def dead_command(fields: dict[str, str]) -> bool:
             return bool(user_id) and fields.get("original.tenant_id") == tenant_id and \
                 (_payload(fields, "original.payload").get("tenant") or {}).get("userId") == user_id
 
-        return await self._purge(self.events, written) + await self._purge(self.dead_commands, dead_command)
+        return await self._purge(self.events, personal) + await self._purge(self.dead_commands, dead_command)
 
     async def _purge(self, key: str, doomed: Callable[[dict[str, str]], bool]) -> int:
         redis, removed, start = await self.bus.redis(), 0, "-"

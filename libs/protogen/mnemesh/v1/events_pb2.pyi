@@ -35,15 +35,17 @@ class EventEnvelope(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., schema_version: _Optional[int] = ..., tenant_id: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., correlation_id: _Optional[str] = ..., causation_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., payload: _Optional[str] = ...) -> None: ...
 
 class MemoryWritten(_message.Message):
-    __slots__ = ("memory", "version")
+    __slots__ = ("memory", "version", "sealed_fields")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     memory: _common_pb2.Memory
     version: int
-    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
+    sealed_fields: bytes
+    def __init__(self, memory: _Optional[_Union[_common_pb2.Memory, _Mapping]] = ..., version: _Optional[int] = ..., sealed_fields: _Optional[bytes] = ...) -> None: ...
 
 class MemoryCorrected(_message.Message):
-    __slots__ = ("tenant", "key", "old_memory_id", "new_memory_id", "changed_by", "reason", "corrected_at")
+    __slots__ = ("tenant", "key", "old_memory_id", "new_memory_id", "changed_by", "reason", "corrected_at", "sealed_fields")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     OLD_MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +53,7 @@ class MemoryCorrected(_message.Message):
     CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CORRECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     key: str
     old_memory_id: str
@@ -58,10 +61,11 @@ class MemoryCorrected(_message.Message):
     changed_by: str
     reason: str
     corrected_at: _timestamp_pb2.Timestamp
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., old_memory_id: _Optional[str] = ..., new_memory_id: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., corrected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    sealed_fields: bytes
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., key: _Optional[str] = ..., old_memory_id: _Optional[str] = ..., new_memory_id: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., corrected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sealed_fields: _Optional[bytes] = ...) -> None: ...
 
 class MemoryConfirmed(_message.Message):
-    __slots__ = ("tenant", "memory_id", "key", "confidence", "supersedes", "changed_by", "reason", "expires_at")
+    __slots__ = ("tenant", "memory_id", "key", "confidence", "supersedes", "changed_by", "reason", "expires_at", "sealed_fields")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +74,7 @@ class MemoryConfirmed(_message.Message):
     CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     memory_id: str
     key: str
@@ -78,7 +83,8 @@ class MemoryConfirmed(_message.Message):
     changed_by: str
     reason: str
     expires_at: _timestamp_pb2.Timestamp
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., supersedes: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    sealed_fields: bytes
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., confidence: _Optional[_Union[_common_pb2.Confidence, str]] = ..., supersedes: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sealed_fields: _Optional[bytes] = ...) -> None: ...
 
 class MemoryQuarantined(_message.Message):
     __slots__ = ("tenant", "memory_id", "key", "layer", "reasons", "quarantined_at")
@@ -97,19 +103,21 @@ class MemoryQuarantined(_message.Message):
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., key: _Optional[str] = ..., layer: _Optional[_Union[_common_pb2.MemoryLayer, str]] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class MemoryReleased(_message.Message):
-    __slots__ = ("tenant", "memory_id", "released_by", "reason")
+    __slots__ = ("tenant", "memory_id", "released_by", "reason", "sealed_fields")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     memory_id: str
     released_by: str
     reason: str
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., released_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    sealed_fields: bytes
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., released_by: _Optional[str] = ..., reason: _Optional[str] = ..., sealed_fields: _Optional[bytes] = ...) -> None: ...
 
 class MemoryMerged(_message.Message):
-    __slots__ = ("tenant", "memory_id", "source", "derived_from", "tags", "merged_count", "engagement")
+    __slots__ = ("tenant", "memory_id", "source", "derived_from", "tags", "merged_count", "engagement", "sealed_fields")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +125,7 @@ class MemoryMerged(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     MERGED_COUNT_FIELD_NUMBER: _ClassVar[int]
     ENGAGEMENT_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     tenant: _common_pb2.TenantContext
     memory_id: str
     source: _common_pb2.SourceKind
@@ -124,7 +133,8 @@ class MemoryMerged(_message.Message):
     tags: _containers.RepeatedScalarFieldContainer[str]
     merged_count: int
     engagement: float
-    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., merged_count: _Optional[int] = ..., engagement: _Optional[float] = ...) -> None: ...
+    sealed_fields: bytes
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., memory_id: _Optional[str] = ..., source: _Optional[_Union[_common_pb2.SourceKind, str]] = ..., derived_from: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., merged_count: _Optional[int] = ..., engagement: _Optional[float] = ..., sealed_fields: _Optional[bytes] = ...) -> None: ...
 
 class MemoryExpired(_message.Message):
     __slots__ = ("tenant", "memory_ids", "expired_at")

@@ -1,4 +1,4 @@
-"""`mnemesh memory write|get|history|correct|confirm|forget|quarantine|release|drop|compress` (and search).
+"""`mnemesh memory write|get|history|correct|confirm|forget|quarantine|release|drop|compress|policy` (and search).
 
 Each verb calls the running memory-writer over gRPC; `--json` prints the reply as proto3 JSON (one
 object) for scripts, otherwise a line or two for people. Errors print the structured ErrorDetail.
@@ -23,6 +23,8 @@ SOURCES = {name.removeprefix("SOURCE_KIND_").lower(): value
            for name, value in common_pb2.SourceKind.items() if value}
 _STATUS = {v: n.removeprefix("WRITE_STATUS_").lower() for n, v in memory_pb2.WriteStatus.items()}
 _MEMORY_STATUS = {v: n.removeprefix("MEMORY_STATUS_").lower() for n, v in common_pb2.MemoryStatus.items()}
+CONTACTS = {"default": memory_pb2.CONTACTS_POLICY_UNSPECIFIED, "sensitive": memory_pb2.CONTACTS_POLICY_SENSITIVE,
+            "plain": memory_pb2.CONTACTS_POLICY_PLAIN}
 
 
 def _show(ns: argparse.Namespace, reply, text: str) -> None:
@@ -99,8 +101,18 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
                           f"{reply.tokens_before} -> {reply.tokens_after} tokens") if reply.compressed
               else "nothing to compress")
 
+    async def policy(ch, ns):
+        if ns.contacts is None:
+            reply = await stub(ch).GetTenantPolicy(memory_pb2.GetTenantPolicyRequest(), timeout=10)
+        else:
+            reply = await stub(ch).SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(contacts=CONTACTS[ns.contacts]),
+                                                   timeout=10)
+        own = next(name for name, value in CONTACTS.items() if value == reply.contacts)
+        _show(ns, reply, f"contacts: {'sensitive' if reply.contacts_sensitive else 'plain'}"
+                         f" ({'the deployment default' if own == 'default' else 'the tenant rule'})")
+
     return {f.__name__: f for f in (write, get, history, correct, confirm, forget, quarantine, release, drop,
-                                     compress)}
+                                     compress, policy)}
 
 
 def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., int],
@@ -150,3 +162,6 @@ def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., i
     p.add_argument("session_id")
     p.add_argument("--strategy", choices=["extractive", "abstractive", "hybrid"], default="extractive")
     p.add_argument("--force", action="store_true")
+    p = verb("policy", "the tenant's write rules: shown, or set with --contacts (memory:admin)")
+    p.add_argument("--contacts", choices=list(CONTACTS), help="phone numbers and e-mails: sensitive (sealed, "
+                   "redacted), plain, or default (the deployment's MNEMESH_MEMORY_SENSITIVE_CONTACTS)")

@@ -75,6 +75,8 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.ConfirmRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
     "mnemesh.v1.HistoryRequest": {**_TENANT, "key": _ident(128)},
     "mnemesh.v1.ListQuarantineRequest": {**_TENANT},
+    "mnemesh.v1.SetTenantPolicyRequest": {**_TENANT},
+    "mnemesh.v1.GetTenantPolicyRequest": {**_TENANT},
     "mnemesh.v1.ReleaseRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
     "mnemesh.v1.DropQuarantinedRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
     "mnemesh.v1.CompressSessionRequest": {**_TENANT, "strategy": _ident(16)},

@@ -34,7 +34,7 @@ from libs.db import Database
 from libs.events import Envelope
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
-from libs.rpc import channel
+from libs.rpc import channel, error_detail
 from mnemesh.infra import free_port
 from mnemesh.supervisor import check_health
 from services.memory_writer.adapters.keys import KeyRing, KeyShredded
@@ -360,3 +360,53 @@ async def test_a_users_reasons_tags_and_attributes_are_only_sealed_in_the_event_
     for word in (*words, corrected_because):
         assert word not in dump, f"{word!r} is in the database dump"
         assert word not in streams, f"{word!r} is in a Redis stream"
+
+
+async def test_a_tenants_own_contacts_rule_is_set_over_grpc_and_seals_its_phone_numbers(writer: Settings) -> None:
+    """The deployment leaves contacts plain (no MNEMESH_MEMORY_SENSITIVE_CONTACTS); the tenant's own rule,
+    set over gRPC, makes its phone numbers sensitive for writes through gRPC and the stream alike."""
+    plain_phone, grpc_phone, stream_phone = "13812345678", "13987654321", "13700001111"
+    async with stub(writer, ["memory:read"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        before = await api.GetTenantPolicy(memory_pb2.GetTenantPolicyRequest(), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await api.SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(
+                contacts=memory_pb2.CONTACTS_POLICY_SENSITIVE), timeout=5)
+    assert (before.contacts, before.contacts_sensitive) == (memory_pb2.CONTACTS_POLICY_UNSPECIFIED, False)
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        plain = await api.Write(request(f"call me on {plain_phone}"), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await api.SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(contacts=7), timeout=5)
+        now = await api.SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(
+            contacts=memory_pb2.CONTACTS_POLICY_SENSITIVE), timeout=5)
+        sensitive = await api.Write(request(f"call me on {grpc_phone}"), timeout=10)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_detail(bad.value).field == "contacts"
+    assert (now.contacts, now.contacts_sensitive) == (memory_pb2.CONTACTS_POLICY_SENSITIVE, True)
+    producer = issue_token(writer, subject="crm", tenant_id="acme", scopes=["produce:mnemesh.memory.commands"])
+    client = redis.asyncio.from_url(writer.redis_url)
+    try:
+        await client.xadd(f"{writer.namespace}.{MEMORY_COMMANDS}", Envelope.wrap(
+            request(f"my number is {stream_phone}"), event_type="memory.write_requested", tenant_id="acme",
+            credential=producer).to_fields())
+    finally:
+        await client.aclose()
+    await events_published(writer, 2)  # the sensitive gRPC write and the stream's
+    async with stub(writer, ["memory:read"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        shown = await api.Get(memory_pb2.GetMemoryRequest(memory_id=plain.memory_id), timeout=5)
+        hidden = await api.Get(memory_pb2.GetMemoryRequest(memory_id=sensitive.memory_id), timeout=5)
+    assert shown.memory.content == f"call me on {plain_phone}"  # written before the rule: left as it was
+    assert hidden.memory.content == "call me on [sensitive:phone]" and hidden.memory.sensitive_kind == "phone"
+    with anyio.fail_after(30):  # the stream's command is written
+        while len(await rows_of(writer, "SELECT 1 FROM memories")) < 3:
+            await anyio.sleep(0.05)
+    dump, streams = pg_dump(writer), await redis_contents(writer)
+    assert plain_phone in dump
+    for phone in (grpc_phone, stream_phone):
+        assert phone not in dump and phone not in streams
+    async with stub(writer, ["memory:admin", "memory:read"]) as ch:
+        dropped = await memory_pb2_grpc.MemoryWriterStub(ch).SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(
+            contacts=memory_pb2.CONTACTS_POLICY_UNSPECIFIED), timeout=5)
+    assert (dropped.contacts, dropped.contacts_sensitive) == (memory_pb2.CONTACTS_POLICY_UNSPECIFIED, False)

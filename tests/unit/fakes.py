@@ -40,6 +40,7 @@ class MemoryDatabase:
     streams: dict[str, list[DomainEvent]] = field(default_factory=dict)
     published: list[tuple[str, DomainEvent]] = field(default_factory=list)
     schemas: dict[tuple[str, str], dict] = field(default_factory=dict)
+    contacts: dict[str, bool] = field(default_factory=dict)  # tenants' own contacts rules
     user_keys: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, user) -> a key id
     merged_keys: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # -> (memory id, hash)
 
@@ -191,6 +192,15 @@ class FakeUnitOfWork:
 
     async def put_entity_schema(self, tenant_id: str, key: str, schema: dict) -> None:
         self.db.schemas[(tenant_id, key)] = schema
+
+    async def contacts_policy(self, tenant_id: str) -> bool | None:
+        return self.db.contacts.get(tenant_id)
+
+    async def put_contacts_policy(self, tenant_id: str, sensitive: bool | None, by: str) -> None:
+        if sensitive is None:
+            self.db.contacts.pop(tenant_id, None)
+        else:
+            self.db.contacts[tenant_id] = sensitive
 
     async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
         return next((r for r in self._rows.values() if (r.tenant_id, r.user_id, r.key) == (tenant_id, user_id, key)

@@ -24,8 +24,10 @@ from services.memory_writer.entrypoints.streams import scrub_command
 from services.memory_writer.service_layer.handlers import (
     ForgetMemory,
     GetMemory,
+    SetTenantPolicy,
     forget,
     get_memory,
+    set_tenant_policy,
     write_memory,
 )
 
@@ -342,5 +344,28 @@ async def test_phones_and_emails_are_sealed_only_for_tenants_whose_policy_makes_
     assert not plain.sensitive_kind and plain.content == content
     assert WritePolicy.of(120, "*").contacts_sensitive("anyone") and not WritePolicy().contacts_sensitive("acme")
     fields = {"tenant_id": "acme", "payload": json.dumps({"content": content})}
-    assert "13812345678" not in scrub_command(fields, policy)["payload"].replace(" ", "")
-    assert scrub_command({**fields, "tenant_id": "globex"}, policy) == {**fields, "tenant_id": "globex"}
+    assert "13812345678" not in scrub_command(fields)["payload"].replace(" ", "")
+    # a dead letter redacts contacts whatever the tenant's rule (it may change before a replay)
+    assert "example.cn" not in scrub_command({**fields, "tenant_id": "globex"})["payload"]
+
+
+async def test_a_tenants_own_contacts_rule_overrides_the_deployments_and_can_be_dropped(db: MemoryDatabase) -> None:
+    deployment = WritePolicy.of(120, "*")  # every tenant's contacts sensitive
+    content = "call me on 138 1234 5678"
+
+    async def sealed(tenant_id: str) -> bool:
+        result = await write_memory(a_write(tenant_id=tenant_id, content=f"{content} #{len(db.rows)}"),
+                                    FakeUnitOfWork(db), now=NOW, policy=deployment)
+        return bool(db.rows[result.memory_id].sensitive_kind)
+
+    assert await sealed("acme")
+    await set_tenant_policy(SetTenantPolicy("acme", False, "admin"), FakeUnitOfWork(db))
+    assert db.contacts == {"acme": False}
+    assert not await sealed("acme") and await sealed("globex")  # only acme's rule changed
+    await set_tenant_policy(SetTenantPolicy("acme", None, "admin"), FakeUnitOfWork(db))
+    assert await sealed("acme")  # no rule of its own: the deployment's again
+    assert WritePolicy().for_tenant("acme", True).contacts_sensitive("acme")
+    assert not WritePolicy().for_tenant("acme", True).contacts_sensitive("globex")
+    with pytest.raises(ValidationFailed) as refused:
+        await set_tenant_policy(SetTenantPolicy("", True), FakeUnitOfWork(db))
+    assert refused.value.field == "tenant.tenant_id"

@@ -23,6 +23,7 @@ from libs.validation import (
 
 REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.WriteBatchRequest, memory_pb2.CorrectRequest,
             memory_pb2.ConfirmRequest, memory_pb2.HistoryRequest, memory_pb2.RegisterEntitySchemaRequest,
+            memory_pb2.SetTenantPolicyRequest, memory_pb2.GetTenantPolicyRequest,
             memory_pb2.ListQuarantineRequest, memory_pb2.ReleaseRequest, memory_pb2.DropQuarantinedRequest,
             memory_pb2.CompressSessionRequest,
             memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest,

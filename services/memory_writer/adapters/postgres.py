@@ -268,6 +268,20 @@ class PostgresUnitOfWork:
             "INSERT INTO entity_schemas (tenant_id, key, schema) VALUES ($1, $2, $3) ON CONFLICT (tenant_id, key)"
             " DO UPDATE SET schema = excluded.schema, updated_at = now()", tenant_id, key, schema)
 
+    async def contacts_policy(self, tenant_id: str) -> bool | None:
+        return await (await self._as(tenant_id)).fetchval(
+            "SELECT contacts_sensitive FROM tenant_policies WHERE tenant_id = $1", tenant_id)
+
+    async def put_contacts_policy(self, tenant_id: str, sensitive: bool | None, by: str) -> None:
+        conn = await self._as(tenant_id)
+        if sensitive is None:
+            await conn.execute("DELETE FROM tenant_policies WHERE tenant_id = $1", tenant_id)
+            return
+        await conn.execute(
+            "INSERT INTO tenant_policies (tenant_id, contacts_sensitive, updated_by) VALUES ($1, $2, $3)"
+            " ON CONFLICT (tenant_id) DO UPDATE SET contacts_sensitive = excluded.contacts_sensitive,"
+            " updated_by = excluded.updated_by, updated_at = now()", tenant_id, sensitive, by)
+
     async def current_of(self, tenant_id: str, user_id: str, key: str) -> MemoryRecord | None:
         if self._batch is not None:  # locked and read by prefetch
             return self._batch.current.get((user_id, key))

@@ -32,8 +32,13 @@ DEFAULT_TRIGGERS = Triggers()
 
 SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
           "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
-          "RegisterEntitySchema": "memory:admin", "ListQuarantine": "memory:admin", "Release": "memory:admin",
+          "RegisterEntitySchema": "memory:admin", "SetTenantPolicy": "memory:admin", "GetTenantPolicy": "memory:read",
+          "ListQuarantine": "memory:admin", "Release": "memory:admin",
           "Drop": "memory:admin", "CompressSession": "memory:write"}
+
+
+_CONTACTS_RULE = {memory_pb2.CONTACTS_POLICY_UNSPECIFIED: None, memory_pb2.CONTACTS_POLICY_SENSITIVE: True,
+                  memory_pb2.CONTACTS_POLICY_PLAIN: False}
 
 
 def _caller() -> str:
@@ -142,6 +147,20 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                             json_format.MessageToDict(request.schema))
         await handlers.register_entity_schema(cmd, self.uow())
         return memory_pb2.RegisterEntitySchemaResponse()
+
+    async def SetTenantPolicy(self, request, context):
+        cmd = handlers.SetTenantPolicy(request.tenant.tenant_id, _CONTACTS_RULE[request.contacts], _caller())
+        await handlers.set_tenant_policy(cmd, self.uow())
+        return self._policy(request.tenant.tenant_id, cmd.contacts_sensitive)
+
+    async def GetTenantPolicy(self, request, context):
+        tenant_id = request.tenant.tenant_id
+        return self._policy(tenant_id, await handlers.tenant_contacts_policy(tenant_id, self.uow()))
+
+    def _policy(self, tenant_id: str, contacts: bool | None) -> memory_pb2.TenantPolicyResponse:
+        rule = next(k for k, v in _CONTACTS_RULE.items() if v is contacts)
+        return memory_pb2.TenantPolicyResponse(
+            contacts=rule, contacts_sensitive=self.policy.for_tenant(tenant_id, contacts).contacts_sensitive(tenant_id))
 
     async def ListQuarantine(self, request, context):
         cmd = handlers.ListQuarantine(request.tenant.tenant_id, request.tenant.user_id, request.limit)

@@ -7,7 +7,6 @@ through the batch pipeline in that transaction, and answers one outcome per enve
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC
@@ -23,7 +22,7 @@ from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["command_user", "on_access", "on_write_batch", "scrub_command", "scrubber"]
+__all__ = ["command_user", "on_access", "on_write_batch", "scrub_command"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
 
@@ -70,9 +69,10 @@ def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkee
     return handle
 
 
-def scrub_command(fields: dict[str, str], policy: WritePolicy = DEFAULT_POLICY) -> dict[str, str]:
-    """A command's fields as a dead letter may keep them: sensitive values in its content redacted
-    (phones and e-mails too when the tenant's policy makes them sensitive).
+def scrub_command(fields: dict[str, str]) -> dict[str, str]:
+    """A command's fields as a dead letter may keep them: sensitive values in its content redacted, phone
+    numbers and e-mail addresses always (whatever the tenant's rule: it is stored, may change, and a
+    dead letter is written where it is not at hand).
 
     (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
     """
@@ -82,13 +82,10 @@ def scrub_command(fields: dict[str, str], policy: WritePolicy = DEFAULT_POLICY) 
         return fields
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), str):
         return fields
-    finding = find_sensitive(str(payload.get("key", "")), payload["content"],
-                             contacts=policy.contacts_sensitive(str(fields.get("tenant_id", ""))))
+    finding = find_sensitive(str(payload.get("key", "")), payload["content"], contacts=True)
     if finding is None:
         return fields
     payload["content"] = finding.redacted
     return {**fields, "payload": json.dumps(payload, ensure_ascii=False)}
 
 
-def scrubber(policy: WritePolicy) -> Callable[[dict[str, str]], dict[str, str]]:
-    return functools.partial(scrub_command, policy=policy)

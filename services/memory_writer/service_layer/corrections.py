@@ -1,4 +1,4 @@
-"""Entity keys beyond plain writes: corrections, confirmations, a key's history, tenant schemas."""
+"""Entity keys beyond plain writes: corrections, confirmations, a key's history, tenant schemas and rules."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 from services.memory_writer.service_layer.writes import write_memory
 
-__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "confirm", "correct", "history",
-           "register_entity_schema"]
+__all__ = ["ConfirmMemory", "CorrectEntity", "KeyHistory", "RegisterEntitySchema", "SetTenantPolicy", "confirm",
+           "correct", "history", "register_entity_schema", "set_tenant_policy", "tenant_contacts_policy"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,33 @@ class RegisterEntitySchema:
     tenant_id: str
     key: str
     schema: dict
+
+
+def _tenant_named(tenant_id: str) -> None:
+    if not tenant_id:
+        raise ValidationFailed("is required", field="tenant.tenant_id",
+                               hint="name the tenant, or call with a token issued for it")
+
+
+@dataclass(frozen=True)
+class SetTenantPolicy:
+    tenant_id: str
+    contacts_sensitive: bool | None  # None: drop the tenant's own rule (the deployment's applies)
+    requested_by: str = ""
+
+
+async def set_tenant_policy(cmd: SetTenantPolicy, uow: UnitOfWork) -> None:
+    """The tenant's own rules for writes from now on (stored values are not re-sealed nor unsealed)."""
+    _tenant_named(cmd.tenant_id)
+    async with uow:
+        await uow.put_contacts_policy(cmd.tenant_id, cmd.contacts_sensitive, cmd.requested_by)
+
+
+async def tenant_contacts_policy(tenant_id: str, uow: UnitOfWork) -> bool | None:
+    """The tenant's own contacts rule (None: it set none)."""
+    _tenant_named(tenant_id)
+    async with uow:
+        return await uow.contacts_policy(tenant_id)
 
 
 async def register_entity_schema(cmd: RegisterEntitySchema, uow: UnitOfWork) -> None:

@@ -22,17 +22,20 @@ from services.memory_writer.service_layer.corrections import (
     CorrectEntity,
     KeyHistory,
     RegisterEntitySchema,
+    SetTenantPolicy,
     confirm,
     correct,
     history,
     register_entity_schema,
+    set_tenant_policy,
+    tenant_contacts_policy,
 )
 from services.memory_writer.service_layer.writes import write_batch, write_memory
 
 __all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
            "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
-           "RegisterEntitySchema", "confirm", "correct", "forget", "get_memory", "history", "register_entity_schema",
-           "write_batch", "write_memory"]
+           "RegisterEntitySchema", "SetTenantPolicy", "confirm", "correct", "forget", "get_memory", "history",
+           "register_entity_schema", "set_tenant_policy", "tenant_contacts_policy", "write_batch", "write_memory"]
 
 
 SENSITIVE_SCOPE = "memory:sensitive"

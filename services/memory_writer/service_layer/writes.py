@@ -263,10 +263,12 @@ async def _merge_or_link(uow: UnitOfWork, record: MemoryRecord) -> WriteResult |
 async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str = "",
                        now: datetime | None = None, policy: WritePolicy = DEFAULT_POLICY) -> WriteResult:
     """Write one memory. `on_behalf_of` is the tenant a stream command was published under; `policy` the
-    deployment's write rules (burst limit, tenants whose contacts are sensitive)."""
+    deployment's write rules (burst limit, tenants whose contacts are sensitive), which the tenant's own
+    rule overrides."""
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
+        policy = policy.for_tenant(cmd.tenant_id, await uow.contacts_policy(cmd.tenant_id))
         try:
             now = now or datetime.now(UTC)
             return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, policy))
@@ -310,6 +312,7 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
+        policy = policy.for_tenant(tenant_id, await uow.contacts_policy(tenant_id))
         recent = _Recent(uow, now, policy)
         prepared: dict[int, MemoryRecord] = {}
         if not isolate:

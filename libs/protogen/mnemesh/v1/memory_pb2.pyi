@@ -22,6 +22,12 @@ class WriteStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRITE_STATUS_FAILED: _ClassVar[WriteStatus]
     WRITE_STATUS_MERGED: _ClassVar[WriteStatus]
     WRITE_STATUS_QUARANTINED: _ClassVar[WriteStatus]
+
+class ContactsPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTACTS_POLICY_UNSPECIFIED: _ClassVar[ContactsPolicy]
+    CONTACTS_POLICY_SENSITIVE: _ClassVar[ContactsPolicy]
+    CONTACTS_POLICY_PLAIN: _ClassVar[ContactsPolicy]
 WRITE_STATUS_UNSPECIFIED: WriteStatus
 WRITE_STATUS_STORED: WriteStatus
 WRITE_STATUS_DUPLICATE: WriteStatus
@@ -29,6 +35,9 @@ WRITE_STATUS_CANDIDATE: WriteStatus
 WRITE_STATUS_FAILED: WriteStatus
 WRITE_STATUS_MERGED: WriteStatus
 WRITE_STATUS_QUARANTINED: WriteStatus
+CONTACTS_POLICY_UNSPECIFIED: ContactsPolicy
+CONTACTS_POLICY_SENSITIVE: ContactsPolicy
+CONTACTS_POLICY_PLAIN: ContactsPolicy
 
 class WriteMemoryRequest(_message.Message):
     __slots__ = ("tenant", "layer", "source", "content", "key", "confidence", "tags", "derived_from", "step_id", "expires_at", "idempotency_key", "attributes")
@@ -187,6 +196,28 @@ class RegisterEntitySchemaRequest(_message.Message):
 class RegisterEntitySchemaResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class SetTenantPolicyRequest(_message.Message):
+    __slots__ = ("tenant", "contacts")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONTACTS_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    contacts: ContactsPolicy
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., contacts: _Optional[_Union[ContactsPolicy, str]] = ...) -> None: ...
+
+class GetTenantPolicyRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ...) -> None: ...
+
+class TenantPolicyResponse(_message.Message):
+    __slots__ = ("contacts", "contacts_sensitive")
+    CONTACTS_FIELD_NUMBER: _ClassVar[int]
+    CONTACTS_SENSITIVE_FIELD_NUMBER: _ClassVar[int]
+    contacts: ContactsPolicy
+    contacts_sensitive: bool
+    def __init__(self, contacts: _Optional[_Union[ContactsPolicy, str]] = ..., contacts_sensitive: _Optional[bool] = ...) -> None: ...
 
 class ListQuarantineRequest(_message.Message):
     __slots__ = ("tenant", "limit")

@@ -77,6 +77,16 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
                 _registered_method=True)
+        self.SetTenantPolicy = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/SetTenantPolicy',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.SetTenantPolicyRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.FromString,
+                _registered_method=True)
+        self.GetTenantPolicy = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/GetTenantPolicy',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.GetTenantPolicyRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.FromString,
+                _registered_method=True)
         self.ListQuarantine = channel.unary_unary(
                 '/mnemesh.v1.MemoryWriter/ListQuarantine',
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.ListQuarantineRequest.SerializeToString,
@@ -157,6 +167,20 @@ class MemoryWriterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenantPolicy(self, request, context):
+        """A tenant's own write rules (set: scope memory:admin; read: memory:read); without them the
+        deployment's settings apply.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenantPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListQuarantine(self, request, context):
         """The poisoning guard's quarantine (scope memory:admin): list, release to normal service, or drop.
         """
@@ -226,6 +250,16 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.RegisterEntitySchema,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.SerializeToString,
+            ),
+            'SetTenantPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantPolicy,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.SetTenantPolicyRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.SerializeToString,
+            ),
+            'GetTenantPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenantPolicy,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.GetTenantPolicyRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.SerializeToString,
             ),
             'ListQuarantine': grpc.unary_unary_rpc_method_handler(
                     servicer.ListQuarantine,
@@ -466,6 +500,60 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/RegisterEntitySchema',
             mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.RegisterEntitySchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/SetTenantPolicy',
+            mnemesh_dot_v1_dot_memory__pb2.SetTenantPolicyRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenantPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/GetTenantPolicy',
+            mnemesh_dot_v1_dot_memory__pb2.GetTenantPolicyRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.TenantPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -410,3 +410,25 @@ async def test_a_tenants_own_contacts_rule_is_set_over_grpc_and_seals_its_phone_
         dropped = await memory_pb2_grpc.MemoryWriterStub(ch).SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(
             contacts=memory_pb2.CONTACTS_POLICY_UNSPECIFIED), timeout=5)
     assert (dropped.contacts, dropped.contacts_sensitive) == (memory_pb2.CONTACTS_POLICY_UNSPECIFIED, False)
+
+
+async def test_forgetting_one_memory_erases_what_the_event_store_holds_sealed_of_it(writer: Settings) -> None:
+    """Forget(memory id) leaves the user's key alive, so the sealed copies of that memory in the event store
+    are erased (content, keyed hashes, tags): its events stay, empty of it; the user's other memories keep
+    theirs."""
+    async with stub(writer, ["*"]) as ch:
+        api = memory_pb2_grpc.MemoryWriterStub(ch)
+        doomed = request(f"my bank password is {PASSWORD}")
+        doomed.tags.append("tag-marten-7")
+        gone = await api.Write(doomed, timeout=10)
+        kept = await api.Write(request(PLAIN), timeout=10)
+        forgotten = await api.Forget(memory_pb2.ForgetRequest(memory_id=gone.memory_id), timeout=10)
+    assert forgotten.forgotten == 1
+    rows = await rows_of(writer, "SELECT stream_id, event_type, payload FROM events")
+    of_gone = [json.loads(r["payload"]) for r in rows if r["stream_id"] == f"memory-{gone.memory_id}"]
+    assert len(of_gone) == 2  # its memory.written and memory.forgotten remain, as facts
+    assert not any(word in json.dumps(p) for p in of_gone
+                   for word in ("sealedContent", "sealedFields", "sensitiveHashes", "tag-marten-7"))
+    [kept_written] = [json.loads(r["payload"]) for r in rows if r["stream_id"] == f"memory-{kept.memory_id}"]
+    assert kept_written["memory"]["sealedContent"]  # the user's other memory: still sealed there, openable
+    assert "tag-marten-7" not in await redis_contents(writer)  # its published copy is gone too

@@ -155,6 +155,10 @@ class FakeUnitOfWork:
         self.purged = (tenant_id, user_id, tuple(memory_ids))
         return 0
 
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
+        self.erased = (tenant_id, tuple(memory_ids))
+        return 0
+
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         return self.db.user_keys.pop((tenant_id, user_id), None) is not None
 

@@ -380,6 +380,14 @@ class PostgresUnitOfWork:
         blob = seal(key, json.dumps(personal, ensure_ascii=False).encode(), _fields_aad(envelope, user_id))
         kept["sealedFields"] = base64.b64encode(blob).decode()
 
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
+        status = await (await self._as(tenant_id)).execute(
+            "UPDATE events SET payload = ((payload::jsonb #- '{memory,sealedContent}' #- '{memory,sensitiveHashes}')"
+            " - 'sealedFields')::text WHERE tenant_id = $1 AND stream_id = ANY($2::text[])"
+            " AND (payload LIKE '%\"sealed%' OR payload LIKE '%\"sensitiveHashes\"%')",
+            tenant_id, [f"memory-{memory_id}" for memory_id in memory_ids])
+        return rowcount(status)
+
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
         """Delete the outbox rows (published or not) of events that carry personal data (a memory's content,
         tags, attributes; a reason) of `user_id`, or about `memory_ids`."""

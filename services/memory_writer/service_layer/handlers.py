@@ -128,6 +128,8 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
             # Crypto-shredding: whatever copies of the user's sealed content remain (event store,
             # outbox history, stream entries, backups) can never be opened again.
             await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
+        else:  # the user's key lives on: what the event store holds sealed of this memory goes
+            await uow.erase_sealed(cmd.tenant_id, ids)
         # The outbox keeps published rows (with the content the read side indexes) for a while: not theirs.
         await uow.purge_outbox(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
         if removed:

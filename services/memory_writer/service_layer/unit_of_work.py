@@ -122,6 +122,10 @@ class UnitOfWork(Protocol):
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
         """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`."""
         ...
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
+        """Erase from the event store what these memories' events hold sealed (content, keyed hashes,
+        personal fields); the events stay, with their ids, types and times. Answers the events changed."""
+        ...
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         """Destroy the user's data key (crypto-shredding); False when there was none."""
         ...

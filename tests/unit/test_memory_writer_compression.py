@@ -17,7 +17,7 @@ from services.memory_writer.adapters.llm import OpenAICompatibleSummarizer
 from services.memory_writer.domain import Layer, SessionCompressed, Source, WriteMemory
 from services.memory_writer.domain.compression import Triggers, Turn, should_compress
 from services.memory_writer.service_layer.compression import CompressSession, compress_session
-from services.memory_writer.service_layer.handlers import write_memory
+from services.memory_writer.service_layer.handlers import SetTenantPolicy, set_tenant_policy, write_memory
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 SESSIONS = json.loads((Path(__file__).parent.parent / "data" / "compression_sessions.json").read_text("utf-8"))
@@ -95,3 +95,12 @@ async def test_an_unknown_strategy_is_refused_naming_it() -> None:
         await compress_session(replace(CompressSession("acme", "u1", "s1"), strategy="magic"),
                                FakeUnitOfWork(MemoryDatabase()))
     assert err.value.field == "strategy"
+
+
+async def test_a_summary_follows_the_tenants_contacts_rule_set_after_its_turns() -> None:
+    db = MemoryDatabase()
+    await record_session(db, [["user", "my number is 138 1234 5678"], ["assistant", "noted"]])
+    await set_tenant_policy(SetTenantPolicy("acme", True, "admin"), FakeUnitOfWork(db))
+    done = await compress_session(CompressSession("acme", "u1", "s1", force=True), FakeUnitOfWork(db), now=NOW)
+    summary = db.rows[done.summary_memory_id]
+    assert summary.sensitive_kind == "phone" and "13812345678" not in summary.redacted.replace(" ", "")

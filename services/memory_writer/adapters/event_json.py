@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from libs.protogen.mnemesh.v1 import common_pb2
 from services.memory_writer.domain import MemoryRecord
 
-__all__ = ["PERSONAL_EVENTS", "PERSONAL_FIELDS", "written_payload"]
+__all__ = ["PERSONAL_EVENTS", "PERSONAL_FIELDS", "SUBJECT_EVENTS", "UNPUBLISHED_FIELDS", "written_payload"]
 
 # The fields (proto3 JSON names) by which an event carries a user's words besides a memory's content:
 # the event store keeps them only sealed, Forget deletes the published copies.
@@ -26,6 +26,11 @@ PERSONAL_FIELDS = {"memory.written": ("tags", "attributes"),  # of its `memory`
                    "memory.corrected": ("reason",), "memory.confirmed": ("reason",), "memory.released": ("reason",),
                    "memory.merged": ("tags",)}
 PERSONAL_EVENTS = frozenset(PERSONAL_FIELDS)
+# Personal fields the published copy leaves out: the read side has no use for them.
+UNPUBLISHED_FIELDS = frozenset({"reason"})
+# The events whose published copy is about one memory alone (its `memoryId`): forgetting that memory
+# deletes them. A correction or confirmation also tells the read side about another memory.
+SUBJECT_EVENTS = frozenset({"memory.written", "memory.merged"})
 
 
 def _names(enum) -> dict[int, str]:

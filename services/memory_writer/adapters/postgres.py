@@ -23,7 +23,13 @@ from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.batched import BatchBuffer
 from services.memory_writer.adapters.keys import KeyRing, keyed
-from services.memory_writer.adapters.event_json import PERSONAL_EVENTS, PERSONAL_FIELDS, written_payload
+from services.memory_writer.adapters.event_json import (
+    PERSONAL_EVENTS,
+    PERSONAL_FIELDS,
+    SUBJECT_EVENTS,
+    UNPUBLISHED_FIELDS,
+    written_payload,
+)
 from services.memory_writer.adapters.mapping import event_to_proto
 from services.memory_writer.adapters.rows import INSERT as _INSERT
 from services.memory_writer.adapters.rows import (
@@ -339,7 +345,7 @@ class PostgresUnitOfWork:
         if isinstance(event, MemoryWritten):
             stored = await self._kept(envelope, event.record, js)
         elif envelope.event_type in PERSONAL_EVENTS:
-            stored = await self._kept_fields(envelope, payload.tenant.user_id)
+            stored, envelope = await self._kept_fields(envelope, payload.tenant.user_id)
         else:
             stored = envelope
         if self._batch is not None:
@@ -365,14 +371,17 @@ class PostgresUnitOfWork:
             await self._seal_fields(kept, personal, envelope, record.tenant_id, record.user_id)
         return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
 
-    async def _kept_fields(self, envelope: Envelope, user_id: str) -> Envelope:
-        """The event store's copy of an event with personal fields (PERSONAL_FIELDS): those only sealed."""
+    async def _kept_fields(self, envelope: Envelope, user_id: str) -> tuple[Envelope, Envelope]:
+        """The event store's copy of an event with personal fields (PERSONAL_FIELDS), those only sealed, and
+        its published copy, without the fields the read side has no use for (UNPUBLISHED_FIELDS)."""
         kept = json.loads(envelope.payload)
         personal = {name: kept.pop(name) for name in PERSONAL_FIELDS[envelope.event_type] if kept.get(name)}
-        if not personal or not user_id:
-            return envelope
+        if not personal:
+            return envelope, envelope
+        published = {k: v for k, v in {**kept, **personal}.items() if k not in UNPUBLISHED_FIELDS}
+        published = dataclasses.replace(envelope, payload=json.dumps(published, ensure_ascii=False))
         await self._seal_fields(kept, personal, envelope, envelope.tenant_id, user_id)
-        return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False))
+        return dataclasses.replace(envelope, payload=json.dumps(kept, ensure_ascii=False)), published
 
     async def _seal_fields(self, kept: dict, personal: dict, envelope: Envelope, tenant_id: str,
                            user_id: str) -> None:
@@ -389,14 +398,15 @@ class PostgresUnitOfWork:
         return rowcount(status)
 
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
-        """Delete the outbox rows (published or not) of events that carry personal data (a memory's content,
-        tags, attributes; a reason) of `user_id`, or about `memory_ids`."""
+        """Delete the outbox rows (published or not) of events that carry personal data of `user_id` (a
+        memory's content, tags, attributes), or of `memory_ids` when they are the event's subject (its
+        memory.written and memory.merged: a correction or confirmation also tells the read side about
+        another memory, and carries nothing personal as published)."""
         status = await (await self._as(tenant_id)).execute(
-            "WITH candidates AS (SELECT id, (fields->>'payload')::jsonb AS p FROM outbox"
+            "WITH candidates AS (SELECT id, fields->>'event_type' AS t, (fields->>'payload')::jsonb AS p FROM outbox"
             " WHERE tenant_id = $1 AND fields->>'event_type' = ANY($4::text[]))"
             " DELETE FROM outbox o USING candidates c WHERE o.id = c.id AND"
             " (($2 <> '' AND coalesce(c.p #>> '{memory,tenant,userId}', c.p #>> '{tenant,userId}') = $2)"
-            " OR ARRAY[c.p #>> '{memory,memoryId}', c.p->>'memoryId', c.p->>'newMemoryId', c.p->>'oldMemoryId']"
-            " && $3::text[])",
-            tenant_id, user_id, memory_ids, sorted(PERSONAL_EVENTS))
+            " OR (c.t = ANY($5::text[]) AND coalesce(c.p #>> '{memory,memoryId}', c.p->>'memoryId') = ANY($3::text[])))",
+            tenant_id, user_id, memory_ids, sorted(PERSONAL_EVENTS), sorted(SUBJECT_EVENTS))
         return rowcount(status)

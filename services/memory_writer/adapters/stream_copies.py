@@ -1,7 +1,7 @@
 """Copies of a user's memories in Redis streams, and their removal on Forget.
 
-The published copy of a memory.written carries the content the read side indexes (and a correction,
-confirmation, release or merge its reason or tags), and the stream keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
+The published copy of a memory.written carries the content the read side indexes (and a merge its
+tags), and the stream keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
 redacted) in the commands' dead-letter stream, which is never trimmed. Forget removes the forgotten
 user's (or memories') entries from both at once, by one pass over each stream (XRANGE in pages,
 XDEL of the matches): forgetting is rare, the streams are bounded.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from libs.events.bus import EventBus
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, dead_letter_stream
-from services.memory_writer.adapters.event_json import PERSONAL_EVENTS
+from services.memory_writer.adapters.event_json import PERSONAL_EVENTS, SUBJECT_EVENTS
 
 __all__ = ["RedisStreamCopies"]
 
@@ -48,9 +48,8 @@ class RedisStreamCopies:
             payload = _payload(fields, "payload")
             memory = payload.get("memory") or {}
             owner = (memory.get("tenant") or payload.get("tenant") or {}).get("userId")
-            about = {memory.get("memoryId"), payload.get("memoryId"), payload.get("newMemoryId"),
-                     payload.get("oldMemoryId")}
-            return bool(user_id and owner == user_id) or not about.isdisjoint(wanted)
+            subject = memory.get("memoryId") or payload.get("memoryId")
+            return bool(user_id and owner == user_id) or (fields["event_type"] in SUBJECT_EVENTS and subject in wanted)
 
         def dead_command(fields: dict[str, str]) -> bool:
             return bool(user_id) and fields.get("original.tenant_id") == tenant_id and \

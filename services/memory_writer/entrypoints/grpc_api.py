@@ -186,7 +186,7 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         triggers = replace(self.triggers, window_tokens=request.window_tokens or self.triggers.window_tokens)
         cmd = CompressSession(request.tenant.tenant_id, request.tenant.user_id or _caller(),
                               request.tenant.session_id, request.strategy or "extractive", request.force, triggers)
-        done = await compress_session(cmd, self.uow(), self.summarizer)
+        done = await compress_session(cmd, self.uow(), self.summarizer, policy=self.policy)
         return memory_pb2.CompressSessionResponse(
             compressed=bool(done.summary_memory_id), trigger=done.trigger, summary_memory_id=done.summary_memory_id,
             covered=list(done.covered), tokens_before=done.tokens_before, tokens_after=done.tokens_after)

@@ -20,6 +20,7 @@ from services.memory_writer.domain.compression import (
     extractive_summary,
     should_compress,
 )
+from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 from services.memory_writer.service_layer.writes import _Recent, _write_in
 
@@ -58,7 +59,9 @@ def _role(tags: tuple[str, ...]) -> str:
 
 
 async def compress_session(cmd: CompressSession, uow: UnitOfWork, summarizer: Summarizer | None = None,
-                           now: datetime | None = None) -> Compressed:
+                           now: datetime | None = None, policy: WritePolicy = DEFAULT_POLICY) -> Compressed:
+    """Summarise the session's uncovered turns when a trigger fires (or `force`); the summary is written as
+    any write is, under `policy` and the tenant's own rules."""
     if cmd.strategy not in STRATEGIES:
         raise ValidationFailed(f"is {cmd.strategy!r}", field="strategy", hint=f"use one of {', '.join(STRATEGIES)}")
     if cmd.strategy != "extractive" and summarizer is None:
@@ -83,7 +86,8 @@ async def compress_session(cmd: CompressSession, uow: UnitOfWork, summarizer: Su
             source=Source.MODEL_INFERENCE, content=summary[:16_000] or "(empty)",
             tags=("summary", f"strategy:{cmd.strategy}"), derived_from=tuple(t.memory_id for t in turns[:64]),
             written_by="compression", reason=f"session compressed ({trigger})")
-        result = await _write_in(uow, write, now, None, _Recent(uow, now))
+        policy = policy.for_tenant(cmd.tenant_id, await uow.contacts_policy(cmd.tenant_id))
+        result = await _write_in(uow, write, now, None, _Recent(uow, now, policy))
         after = estimate_tokens(summary)
         record = await uow.get(cmd.tenant_id, result.memory_id)
         if record is not None:

@@ -96,5 +96,5 @@ async def drop(cmd: DropQuarantined, uow: UnitOfWork) -> bool:
         held = await _held(uow, cmd.tenant_id, cmd.memory_id)
         await uow.delete(cmd.tenant_id, [held.memory_id])
         await uow.record(f"memory-{held.memory_id}", ANY_VERSION, MemoryForgotten(
-            held.tenant_id, held.user_id, (held.memory_id,), f"dropped from quarantine: {cmd.reason or 'poisoning'}"))
+            held.tenant_id, held.user_id, (held.memory_id,), "dropped from quarantine"))  # (the reason may quote it)
     return True

@@ -107,12 +107,11 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
         else:
             reply = await stub(ch).SetTenantPolicy(memory_pb2.SetTenantPolicyRequest(contacts=CONTACTS[ns.contacts]),
                                                    timeout=10)
-        own = next(name for name, value in CONTACTS.items() if value == reply.contacts)
         if ns.json:  # every field, defaults too: "plain" and "no rule of its own" are answers here
             print(json_format.MessageToJson(reply, indent=None, always_print_fields_with_no_presence=True))
             return
-        _show(ns, reply, f"contacts: {'sensitive' if reply.contacts_sensitive else 'plain'}"
-                         f" ({'the deployment default' if own == 'default' else 'the tenant rule'})")
+        whose = "the tenant rule" if reply.contacts else "the deployment default"
+        print(f"contacts: {'sensitive' if reply.contacts_sensitive else 'plain'} ({whose})")
 
     return {f.__name__: f for f in (write, get, history, correct, confirm, forget, quarantine, release, drop,
                                      compress, policy)}

@@ -22,7 +22,7 @@ from services.memory_writer.domain.compression import (
 )
 from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
-from services.memory_writer.service_layer.writes import _Recent, _write_in
+from services.memory_writer.service_layer.writes import _Recent, _write_in, tenant_rules
 
 __all__ = ["STRATEGIES", "CompressSession", "Compressed", "Summarizer", "compress_session"]
 
@@ -86,8 +86,7 @@ async def compress_session(cmd: CompressSession, uow: UnitOfWork, summarizer: Su
             source=Source.MODEL_INFERENCE, content=summary[:16_000] or "(empty)",
             tags=("summary", f"strategy:{cmd.strategy}"), derived_from=tuple(t.memory_id for t in turns[:64]),
             written_by="compression", reason=f"session compressed ({trigger})")
-        policy = policy.for_tenant(cmd.tenant_id, await uow.contacts_policy(cmd.tenant_id))
-        result = await _write_in(uow, write, now, None, _Recent(uow, now, policy))
+        result = await _write_in(uow, write, now, None, _Recent(uow, now, await tenant_rules(uow, cmd.tenant_id, policy)))
         after = estimate_tokens(summary)
         record = await uow.get(cmd.tenant_id, result.memory_id)
         if record is not None:

@@ -48,7 +48,7 @@ from services.memory_writer.domain.similarity import (
 )
 from services.memory_writer.service_layer.unit_of_work import Lookups, UnitOfWork
 
-__all__ = ["WritePolicy", "write_batch", "write_memory"]
+__all__ = ["WritePolicy", "tenant_rules", "write_batch", "write_memory"]
 
 MAX_BATCH = 500
 log = get_logger(__name__)
@@ -101,6 +101,12 @@ class _Recent:
         before = self.counts[user_id]
         self.counts[user_id] += 1
         return before
+
+
+async def tenant_rules(uow: UnitOfWork, tenant_id: str, policy: WritePolicy) -> WritePolicy:
+    """The deployment's rules with the tenant's own, read in the unit's transaction (every replica follows a
+    change at once)."""
+    return policy.for_tenant(tenant_id, await uow.contacts_policy(tenant_id))
 
 
 async def _prepared(uow: UnitOfWork, cmd: WriteMemory, now: datetime, schema: dict | None,
@@ -268,7 +274,7 @@ async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str =
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
-        policy = policy.for_tenant(cmd.tenant_id, await uow.contacts_policy(cmd.tenant_id))
+        policy = await tenant_rules(uow, cmd.tenant_id, policy)
         try:
             now = now or datetime.now(UTC)
             return await _write_in(uow, cmd, now, schemas.get(cmd.key), _Recent(uow, now, policy))
@@ -312,7 +318,7 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
             outcomes[i] = exc
     async with uow:
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
-        policy = policy.for_tenant(tenant_id, await uow.contacts_policy(tenant_id))
+        policy = await tenant_rules(uow, tenant_id, policy)
         recent = _Recent(uow, now, policy)
         prepared: dict[int, MemoryRecord] = {}
         if not isolate:

@@ -1,4 +1,5 @@
-"""`mnemesh memory write|get|history|correct|confirm|forget|quarantine|release|drop|compress|policy` (and search).
+"""`mnemesh memory write|get|history|correct|confirm|forget|forget-tenant|quarantine|release|drop|compress|policy`
+(and search).
 
 Each verb calls the running memory-writer over gRPC; `--json` prints the reply as proto3 JSON (one
 object) for scripts, otherwise a line or two for people. Errors print the structured ErrorDetail.
@@ -79,6 +80,10 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
             tenant=common_pb2.TenantContext(user_id=ns.for_user), memory_id=ns.memory_id or ""), timeout=10)
         _show(ns, reply, f"forgot {reply.forgotten} memories")
 
+    async def forget_tenant(ch, ns):
+        reply = await stub(ch).ForgetTenant(memory_pb2.ForgetTenantRequest(confirm_tenant_id=ns.confirm), timeout=120)
+        _show(ns, reply, f"forgot the tenant: {reply.forgotten} memories; {reply.users} user keys destroyed")
+
     async def quarantine(ch, ns):
         reply = await stub(ch).ListQuarantine(memory_pb2.ListQuarantineRequest(
             tenant=common_pb2.TenantContext(user_id=ns.for_user), limit=ns.limit), timeout=10)
@@ -113,8 +118,8 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
         whose = "the tenant rule" if reply.contacts else "the deployment default"
         print(f"contacts: {'sensitive' if reply.contacts_sensitive else 'plain'} ({whose})")
 
-    return {f.__name__: f for f in (write, get, history, correct, confirm, forget, quarantine, release, drop,
-                                     compress, policy)}
+    return {f.__name__.replace("_", "-"): f for f in (write, get, history, correct, confirm, forget, forget_tenant,
+                                                       quarantine, release, drop, compress, policy)}
 
 
 def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., int],
@@ -152,6 +157,9 @@ def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., i
     p = verb("forget", "forget one memory, or every memory of a user")
     p.add_argument("memory_id", nargs="?")
     p.add_argument("--for-user", default="", help="whose memories (yours when empty)")
+    p = verb("forget-tenant", "forget the whole tenant of your token: every memory, rule and key (memory:admin); "
+                              "cannot be undone")
+    p.add_argument("--confirm", required=True, metavar="TENANT_ID", help="your token's tenant id, repeated")
     p = verb("quarantine", "what the poisoning guard holds (memory:admin)")
     p.add_argument("--for-user", default="")
     p.add_argument("--limit", type=int, default=50)

@@ -151,16 +151,34 @@ class FakeUnitOfWork:
             raise CryptoError("the user's key is gone")
         return content
 
-    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
-        self.purged = (tenant_id, user_id, tuple(memory_ids))
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str], *,
+                           whole_tenant: bool = False) -> int:
+        self.purged = (tenant_id, "*" if whole_tenant else user_id, tuple(memory_ids))
         return 0
 
-    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
-        self.erased = (tenant_id, tuple(memory_ids))
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str] | None) -> int:
+        self.erased = (tenant_id, None if memory_ids is None else tuple(memory_ids))
         return 0
 
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         return self.db.user_keys.pop((tenant_id, user_id), None) is not None
+
+    async def shred_tenant_keys(self, tenant_id: str) -> int:
+        users = [k for k in self.db.user_keys if k[0] == tenant_id]
+        for k in users:
+            del self.db.user_keys[k]
+        return len(users)
+
+    async def delete_tenant(self, tenant_id: str) -> dict[str, list[str]]:
+        removed: dict[str, list[str]] = {}
+        for memory_id, record in list(self._rows.items()):
+            if record.tenant_id == tenant_id:
+                removed.setdefault(record.user_id, []).append(memory_id)
+                del self._rows[memory_id]
+        for key in [k for k in self.db.schemas if k[0] == tenant_id]:
+            del self.db.schemas[key]
+        self.db.contacts.pop(tenant_id, None)
+        return removed
 
     async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
         return 2, sum(1 for t, _ in self.db.user_keys if t == tenant_id)

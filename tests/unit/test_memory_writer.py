@@ -21,11 +21,15 @@ from services.memory_writer.domain import (
 )
 from services.memory_writer.domain.policy import WritePolicy
 from services.memory_writer.entrypoints.streams import scrub_command
+from services.memory_writer.service_layer import handlers as handlers_module
 from services.memory_writer.service_layer.handlers import (
     ForgetMemory,
+    ForgetTenant,
     GetMemory,
     SetTenantPolicy,
+    TenantForgotten,
     forget,
+    forget_tenant,
     get_memory,
     set_tenant_policy,
     write_memory,
@@ -289,6 +293,48 @@ async def test_forgetting_a_user_with_no_memories_records_nothing(db) -> None:
     uow = FakeUnitOfWork(db)
     assert await forget(ForgetMemory("acme", "nobody", requested_by="nobody"), uow) == 0
     assert uow.events == [] and db.published == []
+
+
+async def test_forgetting_a_tenant_deletes_every_users_memories_rules_and_keys_and_nothing_of_another(db) -> None:
+    u1 = [(await write_memory(a_write(content=f"note {i}"), FakeUnitOfWork(db))).memory_id for i in range(2)]
+    secret = await write_memory(a_write(content="my password is hunter22-Blue"), FakeUnitOfWork(db))
+    u2 = await write_memory(a_write(user_id="u2"), FakeUnitOfWork(db))
+    other = await write_memory(a_write(tenant_id="globex", content="my password is hunter22-Blue"), FakeUnitOfWork(db))
+    await set_tenant_policy(SetTenantPolicy("acme", True, "admin"), FakeUnitOfWork(db))
+    await set_tenant_policy(SetTenantPolicy("globex", True, "admin"), FakeUnitOfWork(db))
+    db.schemas[("acme", "user.plan")] = db.schemas[("globex", "user.plan")] = {"type": "string"}
+    assert ("acme", "u1") in db.user_keys
+    uow = FakeUnitOfWork(db)
+
+    done = await forget_tenant(ForgetTenant("acme", confirm_tenant_id="acme"), uow)
+
+    assert done == TenantForgotten(memories=4, users=1) and uow.committed
+    assert list(db.rows) == [other.memory_id]
+    assert [k for k in db.user_keys if k[0] == "acme"] == [] and ("globex", "u1") in db.user_keys
+    assert db.contacts == {"globex": True} and list(db.schemas) == [("globex", "user.plan")]
+    assert (uow.purged, uow.erased) == (("acme", "*", ()), ("acme", None))
+    assert [(stream, e.user_id, sorted(e.memory_ids), e.reason) for stream, e in uow.events] == [
+        ("memory-user-acme-u1", "u1", sorted([*u1, secret.memory_id]), "tenant forgotten"),
+        ("memory-user-acme-u2", "u2", [u2.memory_id], "tenant forgotten")]
+
+
+async def test_forgetting_a_tenant_names_its_memories_in_events_of_bounded_size(db, monkeypatch) -> None:
+    monkeypatch.setattr(handlers_module, "FORGOTTEN_IDS_PER_EVENT", 2)
+    ids = [(await write_memory(a_write(content=f"note {i}"), FakeUnitOfWork(db))).memory_id for i in range(5)]
+    uow = FakeUnitOfWork(db)
+    await forget_tenant(ForgetTenant("acme", "acme"), uow)
+    assert [len(e.memory_ids) for _, e in uow.events] == [2, 2, 1]
+    assert sorted(m for _, e in uow.events for m in e.memory_ids) == sorted(ids)
+
+
+@pytest.mark.parametrize("confirm", ["", "globex", "ACME"])
+async def test_forgetting_a_tenant_needs_its_id_repeated_and_touches_nothing_otherwise(db, confirm) -> None:
+    kept = await write_memory(a_write(), FakeUnitOfWork(db))
+    uow = FakeUnitOfWork(db)
+    with pytest.raises(ValidationFailed) as refused:
+        await forget_tenant(ForgetTenant("acme", confirm), uow)
+    assert refused.value.field == "confirm_tenant_id" and "acme" in refused.value.reason
+    assert list(db.rows) == [kept.memory_id] and uow.events == []
 
 
 # --- commands from the stream and forgetting by default --------------------------------------------------

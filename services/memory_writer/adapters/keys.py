@@ -1,8 +1,10 @@
 """The key ring: tenant keys and user data keys in PostgreSQL, wrapped up to the master key.
 
 Tenant keys (and each tenant's search key, for keyed hashes) are unwrapped through the key
-provider and kept in this process; user data keys are unwrapped per unit of work and never
-cached beyond it, so a shredded user key is gone from every replica as soon as its row is.
+provider and kept in this process, by version; user data keys are unwrapped per unit of work and
+never cached beyond it, so a shredded user key is gone from every replica as soon as its row is.
+Forgetting a tenant destroys its user keys and empties its tenant key versions (the rows stay), so a
+key made for the tenant afterwards has a version no replica has cached.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hmac
 import asyncpg
 
 from libs.crypto import CryptoError, KeyProvider, new_key, open_sealed, seal
+from libs.db import rowcount
 
 __all__ = ["KeyRing", "KeyShredded", "keyed"]
 
@@ -45,15 +48,19 @@ class KeyRing:
         query = "SELECT version, wrapped, search_wrapped FROM tenant_keys WHERE tenant_id = $1"
         row = await (conn.fetchrow(query + " AND version = $2", tenant_id, version) if version is not None else
                      conn.fetchrow(query + " ORDER BY version DESC LIMIT 1", tenant_id))
-        if row is None:
+        if row is None or row["wrapped"] is None:
             if version is not None:
+                if row is not None:
+                    raise KeyShredded(f"tenant key version {version} of {tenant_id} was destroyed (tenant forgotten)")
                 raise CryptoError(f"tenant key version {version} of {tenant_id} is missing")
+            # None yet, or all destroyed: a new key, under a version never used before.
+            version = row["version"] + 1 if row is not None else 1
             key, search = new_key(), new_key()
             await conn.execute(
                 "INSERT INTO tenant_keys (tenant_id, version, wrapped, search_wrapped, master_key_id)"
-                " VALUES ($1, 1, $2, $3, $4) ON CONFLICT DO NOTHING", tenant_id,
-                self.provider.wrap(key, self._tenant_ctx(tenant_id, 1, "tenant")),
-                self.provider.wrap(search, self._tenant_ctx(tenant_id, 1, "search")), self.provider.key_id)
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING", tenant_id, version,
+                self.provider.wrap(key, self._tenant_ctx(tenant_id, version, "tenant")),
+                self.provider.wrap(search, self._tenant_ctx(tenant_id, version, "search")), self.provider.key_id)
             return await self._load(conn, tenant_id, None)
         v = row["version"]
         if (tenant_id, v) not in self._tenant:
@@ -116,6 +123,17 @@ class KeyRing:
         """Destroy the user's data key: everything sealed under it can never be opened again."""
         status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id)
         return not status.endswith(" 0")
+
+    async def shred_tenant(self, conn: asyncpg.Connection, tenant_id: str) -> int:
+        """Destroy every key of the tenant: its users' data keys, its tenant keys and its search key. Every
+        sealed copy and keyed hash made under them can never be opened or matched again. How many user keys."""
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"tenant-key:{tenant_id}")
+        status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1", tenant_id)
+        await conn.execute("UPDATE tenant_keys SET wrapped = NULL, search_wrapped = NULL, destroyed_at = now()"
+                           " WHERE tenant_id = $1 AND wrapped IS NOT NULL", tenant_id)
+        for cached in [k for k in self._tenant if k[0] == tenant_id]:
+            del self._tenant[cached]
+        return rowcount(status)
 
     async def rotate_tenant(self, conn: asyncpg.Connection, tenant_id: str) -> tuple[int, int]:
         """A new tenant key version; every user key is re-wrapped under it (content is not re-encrypted).

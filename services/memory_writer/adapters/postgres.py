@@ -252,6 +252,11 @@ class PostgresUnitOfWork:
         self._user_keys.pop(user_id, None)
         return await self.keys.shred(await self._as(tenant_id), tenant_id, user_id)
 
+    async def shred_tenant_keys(self, tenant_id: str) -> int:
+        self._user_keys.clear()
+        self._search_key = None
+        return await self.keys.shred_tenant(await self._as(tenant_id), tenant_id)
+
     async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
         return await self.keys.rotate_tenant(await self._as(tenant_id), tenant_id)
 
@@ -323,6 +328,17 @@ class PostgresUnitOfWork:
             tenant_id, memory_ids)
         return [row[0] for row in rows]
 
+    async def delete_tenant(self, tenant_id: str) -> dict[str, list[str]]:
+        conn = await self._as(tenant_id)
+        rows = await conn.fetch("DELETE FROM memories WHERE tenant_id = $1 RETURNING user_id, memory_id::text",
+                                tenant_id)  # their LSH buckets and merged keys go with them (ON DELETE CASCADE)
+        await conn.execute("DELETE FROM entity_schemas WHERE tenant_id = $1", tenant_id)
+        await conn.execute("DELETE FROM tenant_policies WHERE tenant_id = $1", tenant_id)
+        removed: dict[str, list[str]] = {}
+        for row in rows:
+            removed.setdefault(row["user_id"], []).append(row["memory_id"])
+        return removed
+
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]:
         rows = await (await self._as(tenant_id)).fetch(
             "SELECT memory_id::text FROM memories WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id)
@@ -389,24 +405,25 @@ class PostgresUnitOfWork:
         blob = seal(key, json.dumps(personal, ensure_ascii=False).encode(), _fields_aad(envelope, user_id))
         kept["sealedFields"] = base64.b64encode(blob).decode()
 
-    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str] | None) -> int:
         status = await (await self._as(tenant_id)).execute(
             "UPDATE events SET payload = ((payload::jsonb #- '{memory,sealedContent}' #- '{memory,sensitiveHashes}')"
-            " - 'sealedFields')::text WHERE tenant_id = $1 AND stream_id = ANY($2::text[])"
+            " - 'sealedFields')::text WHERE tenant_id = $1 AND ($2::text[] IS NULL OR stream_id = ANY($2::text[]))"
             " AND (payload LIKE '%\"sealed%' OR payload LIKE '%\"sensitiveHashes\"%')",
-            tenant_id, [f"memory-{memory_id}" for memory_id in memory_ids])
+            tenant_id, None if memory_ids is None else [f"memory-{memory_id}" for memory_id in memory_ids])
         return rowcount(status)
 
-    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str], *,
+                           whole_tenant: bool = False) -> int:
         """Delete the outbox rows (published or not) of events that carry personal data of `user_id` (a
         memory's content, tags, attributes), or of `memory_ids` when they are the event's subject (its
         memory.written and memory.merged: a correction or confirmation also tells the read side about
-        another memory, and carries nothing personal as published)."""
+        another memory, and carries nothing personal as published); `whole_tenant`: of every user."""
         status = await (await self._as(tenant_id)).execute(
             "WITH candidates AS (SELECT id, fields->>'event_type' AS t, (fields->>'payload')::jsonb AS p FROM outbox"
             " WHERE tenant_id = $1 AND fields->>'event_type' = ANY($4::text[]))"
-            " DELETE FROM outbox o USING candidates c WHERE o.id = c.id AND"
-            " (($2 <> '' AND coalesce(c.p #>> '{memory,tenant,userId}', c.p #>> '{tenant,userId}') = $2)"
+            " DELETE FROM outbox o USING candidates c WHERE o.id = c.id AND ($6"
+            " OR ($2 <> '' AND coalesce(c.p #>> '{memory,tenant,userId}', c.p #>> '{tenant,userId}') = $2)"
             " OR (c.t = ANY($5::text[]) AND coalesce(c.p #>> '{memory,memoryId}', c.p->>'memoryId') = ANY($3::text[])))",
-            tenant_id, user_id, memory_ids, sorted(PERSONAL_EVENTS), sorted(SUBJECT_EVENTS))
+            tenant_id, user_id, memory_ids, sorted(PERSONAL_EVENTS), sorted(SUBJECT_EVENTS), whole_tenant)
         return rowcount(status)

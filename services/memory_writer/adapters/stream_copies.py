@@ -1,10 +1,12 @@
 """Copies of a user's memories in Redis streams, and their removal on Forget.
 
 The published copy of a memory.written carries the content the read side indexes (and a merge its
-tags), and the stream keeps it until trimmed; a write command that was dead-lettered keeps its content (sensitive values
-redacted) in the commands' dead-letter stream, which is never trimmed. Forget removes the forgotten
-user's (or memories') entries from both at once, by one pass over each stream (XRANGE in pages,
-XDEL of the matches): forgetting is rare, the streams are bounded.
+tags), and the stream keeps it until trimmed; a consumer of the events (the retriever) that could not
+handle one dead-letters it, content and all, in the events' dead-letter stream; a write command that was
+dead-lettered keeps its content (sensitive values redacted) in the commands' dead-letter stream. Dead
+letters are never trimmed. Forget removes the forgotten user's (or memories') entries from all three at
+once, by one pass over each stream (XRANGE in pages, XDEL of the matches): forgetting is rare, the
+streams are bounded.
 """
 
 from __future__ import annotations
@@ -37,25 +39,33 @@ class RedisStreamCopies:
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
         self.events = bus.stream_name(MEMORY_EVENTS)
+        self.dead_events = dead_letter_stream(self.events)
         self.dead_commands = dead_letter_stream(bus.stream_name(MEMORY_COMMANDS))
 
-    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False) -> int:
         wanted = set(memory_ids)
 
-        def personal(fields: dict[str, str]) -> bool:
-            if fields.get("event_type") not in PERSONAL_EVENTS or fields.get("tenant_id") != tenant_id:
+        def personal(fields: dict[str, str], prefix: str = "") -> bool:
+            """An event (`prefix`: "original." for a dead letter's copy) of the user, or about a wanted memory."""
+            event_type = fields.get(prefix + "event_type")
+            if event_type not in PERSONAL_EVENTS or fields.get(prefix + "tenant_id") != tenant_id:
                 return False
-            payload = _payload(fields, "payload")
+            payload = _payload(fields, prefix + "payload")
             memory = payload.get("memory") or {}
             owner = (memory.get("tenant") or payload.get("tenant") or {}).get("userId")
             subject = memory.get("memoryId") or payload.get("memoryId")
-            return bool(user_id and owner == user_id) or (fields["event_type"] in SUBJECT_EVENTS and subject in wanted)
+            return (whole_tenant or bool(user_id and owner == user_id)
+                    or (event_type in SUBJECT_EVENTS and subject in wanted))
 
         def dead_command(fields: dict[str, str]) -> bool:
-            return bool(user_id) and fields.get("original.tenant_id") == tenant_id and \
-                (_payload(fields, "original.payload").get("tenant") or {}).get("userId") == user_id
+            if fields.get("original.tenant_id") != tenant_id:
+                return False
+            return whole_tenant or (bool(user_id) and
+                                    (_payload(fields, "original.payload").get("tenant") or {}).get("userId") == user_id)
 
-        return await self._purge(self.events, personal) + await self._purge(self.dead_commands, dead_command)
+        return (await self._purge(self.events, personal)
+                + await self._purge(self.dead_events, lambda fields: personal(fields, "original."))
+                + await self._purge(self.dead_commands, dead_command))
 
     async def _purge(self, key: str, doomed: Callable[[dict[str, str]], bool]) -> int:
         redis, removed, start = await self.bus.redis(), 0, "-"

@@ -30,7 +30,8 @@ __all__ = ["registration", "write_error"]
 log = get_logger(__name__)
 DEFAULT_TRIGGERS = Triggers()
 
-SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "WriteBatch": "memory:write",
+SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "ForgetTenant": "memory:admin",
+          "WriteBatch": "memory:write",
           "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
           "RegisterEntitySchema": "memory:admin", "SetTenantPolicy": "memory:admin", "GetTenantPolicy": "memory:read",
           "ListQuarantine": "memory:admin", "Release": "memory:admin",
@@ -112,6 +113,11 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
                                     requested_by=principal.subject if principal else "",
                                     admin=bool(principal and principal.has_scope(handlers.ADMIN_SCOPE)))
         return memory_pb2.ForgetResponse(forgotten=await handlers.forget(cmd, self.uow(), self.copies))
+
+    async def ForgetTenant(self, request, context):
+        cmd = handlers.ForgetTenant(request.tenant.tenant_id, request.confirm_tenant_id)
+        done = await handlers.forget_tenant(cmd, self.uow(), self.copies)
+        return memory_pb2.ForgetTenantResponse(forgotten=done.memories, users=done.users)
 
     async def Correct(self, request, context):
         cmd = handlers.CorrectEntity(

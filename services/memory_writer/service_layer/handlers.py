@@ -33,9 +33,9 @@ from services.memory_writer.service_layer.corrections import (
 from services.memory_writer.service_layer.writes import write_batch, write_memory
 
 __all__ = ["DropQuarantined", "ListQuarantine", "ReleaseQuarantined", "drop", "list_quarantine", "release",
-           "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "GetMemory", "KeyHistory",
-           "RegisterEntitySchema", "SetTenantPolicy", "confirm", "correct", "forget", "get_memory", "history",
-           "register_entity_schema", "set_tenant_policy", "tenant_contacts_policy", "write_batch", "write_memory"]
+           "ADMIN_SCOPE", "SENSITIVE_SCOPE", "RotateTenantKey", "revealed", "rotate_tenant_key", "ConfirmMemory", "CorrectEntity", "ForgetMemory", "ForgetTenant", "GetMemory", "KeyHistory",
+           "RegisterEntitySchema", "SetTenantPolicy", "confirm", "correct", "forget", "forget_tenant", "get_memory", "history",
+           "register_entity_schema", "set_tenant_policy", "tenant_contacts_policy", "TenantForgotten", "write_batch", "write_memory"]
 
 
 SENSITIVE_SCOPE = "memory:sensitive"
@@ -140,3 +140,45 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
     if copies is not None:  # after the commit: no row left to publish them again
         await copies.purge(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
     return len(removed)
+
+
+FORGOTTEN_IDS_PER_EVENT = 1_000  # a memory.forgotten names at most this many memories
+
+
+@dataclass(frozen=True)
+class ForgetTenant:
+    tenant_id: str
+    confirm_tenant_id: str  # must repeat tenant_id: forgetting a tenant cannot be undone
+
+
+@dataclass(frozen=True)
+class TenantForgotten:
+    memories: int  # deleted
+    users: int  # data keys destroyed
+
+
+async def forget_tenant(cmd: ForgetTenant, uow: UnitOfWork, copies: StreamCopies | None = None) -> TenantForgotten:
+    """Forget a whole tenant (the caller's; its admin scope is checked at the edge): every memory of every
+    user, its entity schemas and write rules, and every key it has (crypto-shredding: what the event store,
+    the outbox history, the streams or a backup keep sealed can never be opened, nor a keyed hash matched).
+    The read side purges its indexes on the memory.forgotten events (one per user, at most
+    FORGOTTEN_IDS_PER_EVENT ids each). Writes for the tenant that commit after it start afresh, under new keys.
+    """
+    if not cmd.tenant_id:
+        raise ValidationFailed("is required", field="tenant.tenant_id", hint="call with a token issued for the tenant")
+    if cmd.confirm_tenant_id != cmd.tenant_id:
+        raise ValidationFailed(f"must repeat the tenant being forgotten ({cmd.tenant_id!r}), not "
+                               f"{cmd.confirm_tenant_id!r}", field="confirm_tenant_id",
+                               hint="set it to your token's tenant id; forgetting a tenant cannot be undone")
+    async with uow:
+        removed = await uow.delete_tenant(cmd.tenant_id)
+        users = await uow.shred_tenant_keys(cmd.tenant_id)
+        await uow.erase_sealed(cmd.tenant_id, None)
+        await uow.purge_outbox(cmd.tenant_id, "", [], whole_tenant=True)
+        for user_id, ids in sorted(removed.items()):
+            for start in range(0, len(ids), FORGOTTEN_IDS_PER_EVENT):
+                await uow.record(f"memory-user-{cmd.tenant_id}-{user_id}", ANY_VERSION, MemoryForgotten(
+                    cmd.tenant_id, user_id, tuple(ids[start:start + FORGOTTEN_IDS_PER_EVENT]), "tenant forgotten"))
+    if copies is not None:  # after the commit: no row left to publish them again
+        await copies.purge(cmd.tenant_id, "", [], whole_tenant=True)
+    return TenantForgotten(sum(map(len, removed.values())), users)

@@ -47,6 +47,10 @@ class UnitOfWork(Protocol):
         """Delete what exists of `memory_ids`; return the ids deleted."""
         ...
     async def ids_of_user(self, tenant_id: str, user_id: str) -> list[str]: ...
+    async def delete_tenant(self, tenant_id: str) -> dict[str, list[str]]:
+        """Delete every memory of the tenant, its entity schemas and its write rules; return the memory ids
+        deleted, by user."""
+        ...
     async def record(self, stream_id: str, expected_version: int, event: DomainEvent) -> int:
         """Append `event` to the event store and the outbox in this unit's transaction; return the version."""
         ...
@@ -119,15 +123,22 @@ class UnitOfWork(Protocol):
     async def reveal(self, record: MemoryRecord) -> str:
         """The plaintext of a sensitive record (KeyShredded once its user was forgotten)."""
         ...
-    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
-        """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`."""
+    async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str], *,
+                           whole_tenant: bool = False) -> int:
+        """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`,
+        or (`whole_tenant`) of every memory of the tenant."""
         ...
-    async def erase_sealed(self, tenant_id: str, memory_ids: list[str]) -> int:
-        """Erase from the event store what these memories' events hold sealed (content, keyed hashes,
-        personal fields); the events stay, with their ids, types and times. Answers the events changed."""
+    async def erase_sealed(self, tenant_id: str, memory_ids: list[str] | None) -> int:
+        """Erase from the event store what these memories' events (None: all the tenant's) hold sealed
+        (content, keyed hashes, personal fields); the events stay, with their ids, types and times. Answers
+        the events changed."""
         ...
     async def shred_user_key(self, tenant_id: str, user_id: str) -> bool:
         """Destroy the user's data key (crypto-shredding); False when there was none."""
+        ...
+    async def shred_tenant_keys(self, tenant_id: str) -> int:
+        """Destroy every key of the tenant (its users' data keys, its tenant and search keys); a later write
+        for the tenant starts new ones. Returns the user keys destroyed."""
         ...
     async def rotate_tenant_key(self, tenant_id: str) -> tuple[int, int]:
         """A new tenant key version, user keys re-wrapped; returns (version, keys re-wrapped)."""
@@ -141,6 +152,7 @@ class UnitOfWorkFactory(Protocol):
 class StreamCopies(Protocol):
     """The published copies of memory events (a Redis stream), outside any transaction."""
 
-    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str]) -> int:
-        """Remove the memory.written copies of the memories of `user_id` (if given) or `memory_ids`."""
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False) -> int:
+        """Remove the personal copies (memory events and their dead letters, dead-lettered write commands) of
+        `user_id` (if given) or `memory_ids`, or (`whole_tenant`) of every user of the tenant."""
         ...

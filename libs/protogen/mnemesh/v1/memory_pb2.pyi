@@ -329,6 +329,22 @@ class ForgetResponse(_message.Message):
     forgotten: int
     def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
 
+class ForgetTenantRequest(_message.Message):
+    __slots__ = ("tenant", "confirm_tenant_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    confirm_tenant_id: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., confirm_tenant_id: _Optional[str] = ...) -> None: ...
+
+class ForgetTenantResponse(_message.Message):
+    __slots__ = ("forgotten", "users")
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    users: int
+    def __init__(self, forgotten: _Optional[int] = ..., users: _Optional[int] = ...) -> None: ...
+
 class SearchRequest(_message.Message):
     __slots__ = ("tenant", "query", "limit", "layers", "tags", "since", "until", "min_confidence", "mode", "fusion", "include_archived", "two_stage", "recency_weight", "confidence_weight", "engagement_weight", "half_life_days", "dense_weight", "candidates", "route")
     TENANT_FIELD_NUMBER: _ClassVar[int]

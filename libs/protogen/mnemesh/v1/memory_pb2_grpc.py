@@ -52,6 +52,11 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.FromString,
                 _registered_method=True)
+        self.ForgetTenant = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/ForgetTenant',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.FromString,
+                _registered_method=True)
         self.WriteBatch = channel.unary_unary(
                 '/mnemesh.v1.MemoryWriter/WriteBatch',
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchRequest.SerializeToString,
@@ -128,6 +133,14 @@ class MemoryWriterServicer:
 
     def Forget(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetTenant(self, request, context):
+        """Forget the whole tenant of the token (scope memory:admin): every memory of every user, its entity
+        schemas and write rules, and every key (user data keys, tenant keys, search key). Cannot be undone.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -225,6 +238,11 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.Forget,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.SerializeToString,
+            ),
+            'ForgetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetTenant,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.SerializeToString,
             ),
             'WriteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteBatch,
@@ -365,6 +383,33 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/Forget',
             mnemesh_dot_v1_dot_memory__pb2.ForgetRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.ForgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/ForgetTenant',
+            mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,11 @@ cannot be upcast) records why and goes to the dead-letter stream, so it cannot b
 rows behind it. A current-version payload is not parsed again here (the service printed it
 from its message); the consumers check it, and dead-letter it if it is broken.
 
+A transaction that deletes rows no one may publish any more (a forgotten user's events) calls
+`Outbox.withhold` last: a relay round reads and publishes under a lock it holds shared, and `withhold`
+takes it exclusively until that transaction ends, so by its commit every copy a relay read before is on
+the stream (where the caller then removes it), and no round reads the deleted rows again.
+
 The relay reads a row's fields back only when it must. While it leads, `add`/`add_many` keep, in the
 process, the envelope each new row holds (by row id, at most `KNOWN` of them); the relay reads the ids and streams of the
 pending rows and takes a committed row's envelope from there, and reads `fields` only for the rows it
@@ -47,6 +52,9 @@ from libs.transient import is_transient
 __all__ = ["Outbox", "OutboxRelay"]
 
 log = get_logger(__name__)
+# A relay round's first statement: every tenant's rows, and the publishing lock, shared, until the round's
+# read-only transaction ends (after its XADDs).
+_READ_TO_PUBLISH = "SELECT set_config('mnemesh.tenant_id', $1, true), pg_advisory_xact_lock_shared(hashtext($2))"
 
 
 class Outbox:
@@ -86,6 +94,17 @@ class Outbox:
     def forget(self, row_ids: list[int]) -> None:
         for row_id in row_ids:
             self._known.pop(row_id, None)
+
+    @property
+    def publishing_lock(self) -> str:
+        return f"outbox-publishing:{self.db.schema}"
+
+    async def withhold(self, conn: asyncpg.Connection) -> None:
+        """Call last in a transaction that deletes rows no one may publish any more (a forgotten user's
+        events): it waits until no relay is publishing rows it read before, and keeps relays from reading
+        until the transaction ends. After the commit, every copy a relay published of those rows is on its
+        stream, where the caller can remove it, and none is published later."""
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.publishing_lock)
 
     async def add(self, conn: asyncpg.Connection, envelope: Envelope, stream: str | None = None) -> None:
         """Record `envelope` for publication; call inside the (tenant-scoped) transaction of the change."""
@@ -171,49 +190,62 @@ class OutboxRelay:
         """Publish one batch in id order while leading; return how many rows it held (0 when not leading).
 
         If publishing stops part-way (Redis away, the relay cancelled), what went out is
-        marked, and the next attempt starts where this one stopped.
+        marked, and the next attempt starts where this one stopped. The rows are read and published
+        under the outbox's publishing lock, shared (see Outbox.withhold).
         """
         if not await self._lead():
             return 0
         conn = self._conn
-        async with conn.transaction():
-            await act_as(conn, ALL_TENANTS)
-            rows = await conn.fetch("SELECT id, stream FROM outbox WHERE published_at IS NULL"
-                                    " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
-            known = self.outbox.known([row_id for row_id, _ in rows])
-            unknown = [row_id for row_id, _ in rows if row_id not in known]
-            fields_of = dict(await conn.fetch("SELECT id, fields FROM outbox WHERE id = ANY($1::bigint[])",
-                                              unknown)) if unknown else {}
-            self.read_back += len(unknown)
+        rows: list = []
         published: list[int] = []
         failed: list[tuple[int, dict]] = []
-        ready: list[tuple[int, Envelope, str]] = []
-        for row_id, stream in rows:
-            if row_id in known:  # written by this process: the envelope it printed, not read back
-                ready.append((row_id, known[row_id], stream))
-                continue
-            fields = fields_of.get(row_id)
-            if fields is None:  # deleted since (a forgotten user's): nothing left to publish
-                continue
-            try:
-                # The row's fields are checked, not its payload parsed again: this service printed it from
-                # a message (an older version is still upcast and checked); consumers check it anyway.
-                ready.append((row_id, Envelope.from_fields(fields, check_payload=False), stream))
-            except MalformedEvent as exc:
-                failed.append((row_id, exc.to_dict()))
-                await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
+        fenced = False
         try:
-            sent = await self.bus.publish_fenced_batch([(e, s) for _, e, s in ready], (self.fence_key, self.term))
-            published = [row_id for row_id, _, _ in ready[:sent]]
-            if sent < len(ready):
-                raise Fenced(f"term {self.term} was fenced after {sent} of {len(ready)} events")
-        except Fenced:
+            async with conn.transaction():  # read-only, held open while publishing: the lock goes with it
+                await conn.execute(_READ_TO_PUBLISH, ALL_TENANTS, self.outbox.publishing_lock)
+                rows = await conn.fetch("SELECT id, stream FROM outbox WHERE published_at IS NULL"
+                                        " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)
+                known = self.outbox.known([row_id for row_id, _ in rows])
+                unknown = [row_id for row_id, _ in rows if row_id not in known]
+                fields_of = dict(await conn.fetch("SELECT id, fields FROM outbox WHERE id = ANY($1::bigint[])",
+                                                  unknown)) if unknown else {}
+                self.read_back += len(unknown)
+                ready: list[tuple[int, Envelope, str]] = []
+                for row_id, stream in rows:
+                    if row_id in known:  # written by this process: the envelope it printed, not read back
+                        ready.append((row_id, known[row_id], stream))
+                        continue
+                    fields = fields_of.get(row_id)
+                    if fields is None:  # deleted since (a forgotten user's): nothing left to publish
+                        continue
+                    try:
+                        # The row's fields are checked, not its payload parsed again: this service printed it
+                        # from a message (an older version is still upcast and checked); consumers check it.
+                        ready.append((row_id, Envelope.from_fields(fields, check_payload=False), stream))
+                    except MalformedEvent as exc:
+                        failed.append((row_id, exc.to_dict()))
+                        await self.bus.dead_letter(self.bus.stream_name(stream), fields, exc.to_dict())
+                try:
+                    sent = await self.bus.publish_fenced_batch([(e, s) for _, e, s in ready],
+                                                               (self.fence_key, self.term))
+                    published = [row_id for row_id, _, _ in ready[:sent]]
+                    if sent < len(ready):
+                        raise Fenced(f"term {self.term} was fenced after {sent} of {len(ready)} events")
+                except Fenced:
+                    fenced = True
+        except (asyncpg.InterfaceError, asyncpg.PostgresError, OSError):
+            if not conn.is_closed():
+                raise
+            # The session ended under the round (and the leadership with it): the next leader publishes
+            # again what went out unmarked, as after a crash.
+            fenced = True
+        finally:
+            if (published or failed) and not conn.is_closed():
+                await asyncio.shield(self._settle(conn, published, failed))
+            self.outbox.forget(published)
+        if fenced:
             log.warning("outbox relay was deposed; another leads now", schema=self.outbox.db.schema, term=self.term)
             await self.resign()
-        finally:
-            if published or failed:
-                await asyncio.shield(self._settle(conn, published, failed))
-                self.outbox.forget(published)
         return len(rows)
 
     @staticmethod

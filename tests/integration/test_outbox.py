@@ -93,6 +93,48 @@ async def test_an_event_committed_while_the_relay_was_down_is_delivered_when_it_
     assert await consume_until(tables, redis_url, stream, 1) == [written.event_id]
 
 
+async def test_withholding_publication_waits_for_the_round_in_flight_and_holds_back_the_next(
+    tables: Database, redis_url: str, streams: str
+) -> None:
+    """What a forget relies on: once its transaction (which deleted rows, then withheld) commits, every copy a
+    relay read before is on the stream, and no relay round reads the rows again."""
+    outbox, stream = Outbox(tables), f"{streams}.notes"
+    await write_note(tables, outbox, stream, "read by the relay before it was deleted")
+    bus = EventBus(redis_url, consumer_name="relay")
+    publishing, release = asyncio.Event(), asyncio.Event()
+    publish = bus.publish_fenced_batch
+
+    async def slow_publish(batch, fence):
+        publishing.set()
+        await release.wait()
+        return await publish(batch, fence)
+
+    bus.publish_fenced_batch = slow_publish
+
+    async def forget() -> int:
+        async with tables.system_transaction() as conn:
+            await conn.execute("DELETE FROM outbox")
+            await outbox.withhold(conn)
+        return await (await bus.redis()).xlen(stream)
+
+    async with relay_of(outbox, bus) as relay:
+        in_flight = asyncio.create_task(relay.publish_pending())
+        await publishing.wait()  # the round has read the row and is about to publish it
+        forgetting = asyncio.create_task(forget())
+        await asyncio.sleep(0.3)
+        assert not forgetting.done()  # it waits for the round in flight
+        release.set()
+        assert await in_flight == 1
+        assert await forgetting == 1  # by its commit the copy was on the stream, where a purge finds it
+        async with tables.system_transaction() as conn:
+            await outbox.withhold(conn)
+            held_back = asyncio.create_task(relay.publish_pending())
+            await asyncio.sleep(0.3)
+            assert not held_back.done()  # a new round waits for the transaction to end
+        assert await held_back == 0
+    await bus.stop()
+
+
 async def test_a_relay_killed_between_publish_and_mark_republishes_and_the_effect_happens_once(
     tables: Database, redis_url: str, database_url: str, schema: str, streams: str
 ) -> None:

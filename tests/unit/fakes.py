@@ -156,6 +156,9 @@ class FakeUnitOfWork:
         self.purged = (tenant_id, "*" if whole_tenant else user_id, tuple(memory_ids))
         return 0
 
+    async def withhold_publication(self, tenant_id: str) -> None:
+        self.withheld_after = len(self.events)  # how many events the unit had recorded by then
+
     async def erase_sealed(self, tenant_id: str, memory_ids: list[str] | None) -> int:
         self.erased = (tenant_id, None if memory_ids is None else tuple(memory_ids))
         return 0

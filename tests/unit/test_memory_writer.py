@@ -249,6 +249,7 @@ async def test_forgetting_all_of_a_user_deletes_only_that_users_memories(db) -> 
 
     assert await forget(ForgetMemory("acme", "u1", requested_by="u1"), uow) == 3
 
+    assert uow.withheld_after == 1  # publication withheld last, after the purge and the event
     [(stream, event)] = uow.events
     assert stream == "memory-user-acme-u1"
     assert isinstance(event, MemoryForgotten)
@@ -313,6 +314,7 @@ async def test_forgetting_a_tenant_deletes_every_users_memories_rules_and_keys_a
     assert [k for k in db.user_keys if k[0] == "acme"] == [] and ("globex", "u1") in db.user_keys
     assert db.contacts == {"globex": True} and list(db.schemas) == [("globex", "user.plan")]
     assert (uow.purged, uow.erased) == (("acme", "*", ()), ("acme", None))
+    assert uow.withheld_after == len(uow.events)  # publication withheld last, after the purge and the events
     assert [(stream, e.user_id, sorted(e.memory_ids), e.reason) for stream, e in uow.events] == [
         ("memory-user-acme-u1", "u1", sorted([*u1, secret.memory_id]), "tenant forgotten"),
         ("memory-user-acme-u2", "u2", [u2.memory_id], "tenant forgotten")]

@@ -413,6 +413,9 @@ class PostgresUnitOfWork:
             tenant_id, None if memory_ids is None else [f"memory-{memory_id}" for memory_id in memory_ids])
         return rowcount(status)
 
+    async def withhold_publication(self, tenant_id: str) -> None:
+        await self.outbox.withhold(await self._as(tenant_id))
+
     async def purge_outbox(self, tenant_id: str, user_id: str, memory_ids: list[str], *,
                            whole_tenant: bool = False) -> int:
         """Delete the outbox rows (published or not) of events that carry personal data of `user_id` (a

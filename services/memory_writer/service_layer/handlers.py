@@ -137,6 +137,7 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
             stream = f"memory-{cmd.memory_id}" if cmd.memory_id else f"memory-user-{cmd.tenant_id}-{cmd.user_id}"
             await uow.record(stream, ANY_VERSION,
                              MemoryForgotten(cmd.tenant_id, cmd.user_id, tuple(ids), "forget requested"))
+        await uow.withhold_publication(cmd.tenant_id)  # no copy reaches the stream after the purge below
     if copies is not None:  # after the commit: no row left to publish them again
         await copies.purge(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
     return len(removed)
@@ -179,6 +180,7 @@ async def forget_tenant(cmd: ForgetTenant, uow: UnitOfWork, copies: StreamCopies
             for start in range(0, len(ids), FORGOTTEN_IDS_PER_EVENT):
                 await uow.record(f"memory-user-{cmd.tenant_id}-{user_id}", ANY_VERSION, MemoryForgotten(
                     cmd.tenant_id, user_id, tuple(ids[start:start + FORGOTTEN_IDS_PER_EVENT]), "tenant forgotten"))
+        await uow.withhold_publication(cmd.tenant_id)  # no copy reaches the stream after the purge below
     if copies is not None:  # after the commit: no row left to publish them again
         await copies.purge(cmd.tenant_id, "", [], whole_tenant=True)
     return TenantForgotten(sum(map(len, removed.values())), users)

@@ -128,6 +128,11 @@ class UnitOfWork(Protocol):
         """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`,
         or (`whole_tenant`) of every memory of the tenant."""
         ...
+    async def withhold_publication(self, tenant_id: str) -> None:
+        """Last in a unit that purged the outbox: wait until no relay is publishing rows it read before, and
+        keep relays from reading until the unit ends, so every published copy of a purged row is on the stream
+        by the commit (where StreamCopies.purge finds it) and none is published after."""
+        ...
     async def erase_sealed(self, tenant_id: str, memory_ids: list[str] | None) -> int:
         """Erase from the event store what these memories' events (None: all the tenant's) hold sealed
         (content, keyed hashes, personal fields); the events stay, with their ids, types and times. Answers

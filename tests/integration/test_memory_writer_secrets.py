@@ -495,6 +495,9 @@ async def test_forgetting_a_tenant_leaves_nothing_of_it_and_the_tenant_can_start
         assert words not in dump and json.dumps(words)[1:-1] not in streams, words
     assert "5 Fig Street" in streams  # another tenant's memory is untouched
     assert await rows_of(writer, "SELECT 1 FROM user_keys WHERE tenant_id = 'acme'") == []
+    assert len(await rows_of(writer, "SELECT 1 FROM events WHERE tenant_id = 'acme'")) >= 5
+    assert await rows_of(writer, "SELECT 1 FROM events WHERE tenant_id = 'acme' AND (payload LIKE '%\"sealed%'"
+                                 " OR payload LIKE '%sensitiveHashes%')") == []  # erased, not only unopenable
     assert await rows_of(writer, "SELECT 1 FROM tenant_policies WHERE tenant_id = 'acme'") == []
     assert [tuple(r) for r in await rows_of(writer, "SELECT version, wrapped IS NULL AND destroyed_at IS NOT NULL"
                                                     " FROM tenant_keys WHERE tenant_id = 'acme'")] == [(1, True)]

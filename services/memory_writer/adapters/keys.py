@@ -5,6 +5,11 @@ provider and kept in this process, by version; user data keys are unwrapped per 
 never cached beyond it, so a shredded user key is gone from every replica as soon as its row is.
 Forgetting a tenant destroys its user keys and empties its tenant key versions (the rows stay), so a
 key made for the tenant afterwards has a version no replica has cached.
+
+A unit that takes a key holds its rows (user key and tenant key version) FOR SHARE until it ends, and
+forgetting destroys keys before it deletes memories: a forget waits for the writes in flight that hold
+the keys it destroys (then deletes what they wrote), and a write that comes after finds no key and makes
+a new one, so nothing is ever sealed under a destroyed key.
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ __all__ = ["KeyRing", "KeyShredded", "keyed"]
 def keyed(search_key: bytes, value: str) -> str:
     """HMAC-SHA256 of `value` under a tenant's search key."""
     return hmac.new(search_key, value.encode(), hashlib.sha256).hexdigest()
+
+
+# A tenant's user keys under a live tenant key version (a destroyed version's are not keys any more), held
+# FOR SHARE by the statements that end in it: a forget waits for the unit to end.
+_HELD_KEYS = ("SELECT u.user_id, u.wrapped, u.tenant_version FROM user_keys u JOIN tenant_keys t"
+              " ON t.tenant_id = u.tenant_id AND t.version = u.tenant_version"
+              " WHERE u.tenant_id = $1 AND t.wrapped IS NOT NULL")
 
 
 class KeyShredded(CryptoError):
@@ -47,13 +59,15 @@ class KeyRing:
             return (version, *self._tenant[(tenant_id, version)])
         query = "SELECT version, wrapped, search_wrapped FROM tenant_keys WHERE tenant_id = $1"
         row = await (conn.fetchrow(query + " AND version = $2", tenant_id, version) if version is not None else
-                     conn.fetchrow(query + " ORDER BY version DESC LIMIT 1", tenant_id))
+                     conn.fetchrow(query + " ORDER BY version DESC LIMIT 1 FOR SHARE", tenant_id))
         if row is None or row["wrapped"] is None:
             if version is not None:
                 if row is not None:
                     raise KeyShredded(f"tenant key version {version} of {tenant_id} was destroyed (tenant forgotten)")
                 raise CryptoError(f"tenant key version {version} of {tenant_id} is missing")
             # None yet, or all destroyed: a new key, under a version never used before.
+            for cached in [k for k in self._tenant if k[0] == tenant_id]:  # destroyed ones, if any
+                del self._tenant[cached]
             version = row["version"] + 1 if row is not None else 1
             key, search = new_key(), new_key()
             await conn.execute(
@@ -93,8 +107,7 @@ class KeyRing:
         return found
 
     async def _user_keys_of(self, conn: asyncpg.Connection, tenant_id: str, user_ids: list[str]) -> dict[str, bytes]:
-        rows = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys WHERE tenant_id = $1"
-                                " AND user_id = ANY($2::text[])", tenant_id, user_ids)
+        rows = await conn.fetch(_HELD_KEYS + " AND u.user_id = ANY($2::text[]) FOR SHARE", tenant_id, user_ids)
         keys = {}
         for row in rows:
             _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
@@ -102,8 +115,7 @@ class KeyRing:
         return keys
 
     async def user_key(self, conn: asyncpg.Connection, tenant_id: str, user_id: str, *, create: bool) -> bytes:
-        row = await conn.fetchrow("SELECT wrapped, tenant_version FROM user_keys WHERE tenant_id = $1 AND user_id = $2",
-                                  tenant_id, user_id)
+        row = await conn.fetchrow(_HELD_KEYS + " AND u.user_id = $2 FOR SHARE", tenant_id, user_id)
         if row is not None:
             _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
             return open_sealed(tenant_key, row["wrapped"], self._user_ctx(tenant_id, user_id))
@@ -128,9 +140,10 @@ class KeyRing:
         """Destroy every key of the tenant: its users' data keys, its tenant keys and its search key. Every
         sealed copy and keyed hash made under them can never be opened or matched again. How many user keys."""
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"tenant-key:{tenant_id}")
-        status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1", tenant_id)
+        # First: waits for the units holding a tenant key version (writes in flight), and holds back new ones.
         await conn.execute("UPDATE tenant_keys SET wrapped = NULL, search_wrapped = NULL, destroyed_at = now()"
                            " WHERE tenant_id = $1 AND wrapped IS NOT NULL", tenant_id)
+        status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1", tenant_id)
         for cached in [k for k in self._tenant if k[0] == tenant_id]:
             del self._tenant[cached]
         return rowcount(status)

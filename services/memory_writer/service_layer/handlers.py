@@ -122,13 +122,14 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
             record = await uow.get(cmd.tenant_id, cmd.memory_id)
             if record is not None:
                 _may_forget(cmd, record.user_id)
+        if not cmd.memory_id:
+            # Crypto-shredding: whatever copies of the user's sealed content remain (event store, outbox
+            # history, stream entries, backups) can never be opened again. First: it waits for the user's
+            # writes in flight (they hold the key), so that the deletion below sees what they wrote.
+            await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)
-        if not cmd.memory_id:
-            # Crypto-shredding: whatever copies of the user's sealed content remain (event store,
-            # outbox history, stream entries, backups) can never be opened again.
-            await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
-        else:  # the user's key lives on: what the event store holds sealed of this memory goes
+        if cmd.memory_id:  # the user's key lives on: what the event store holds sealed of this memory goes
             await uow.erase_sealed(cmd.tenant_id, ids)
         # The outbox keeps published rows (with the content the read side indexes) for a while: not theirs.
         await uow.purge_outbox(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
@@ -138,8 +139,9 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
             await uow.record(stream, ANY_VERSION,
                              MemoryForgotten(cmd.tenant_id, cmd.user_id, tuple(ids), "forget requested"))
         await uow.withhold_publication(cmd.tenant_id)  # no copy reaches the stream after the purge below
+        marks = await copies.mark() if copies is not None else None
     if copies is not None:  # after the commit: no row left to publish them again
-        await copies.purge(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids)
+        await copies.purge(cmd.tenant_id, "" if cmd.memory_id else cmd.user_id, ids, until=marks)
     return len(removed)
 
 
@@ -172,8 +174,8 @@ async def forget_tenant(cmd: ForgetTenant, uow: UnitOfWork, copies: StreamCopies
                                f"{cmd.confirm_tenant_id!r}", field="confirm_tenant_id",
                                hint="set it to your token's tenant id; forgetting a tenant cannot be undone")
     async with uow:
+        users = await uow.shred_tenant_keys(cmd.tenant_id)  # first: waits for the writes in flight (see forget)
         removed = await uow.delete_tenant(cmd.tenant_id)
-        users = await uow.shred_tenant_keys(cmd.tenant_id)
         await uow.erase_sealed(cmd.tenant_id, None)
         await uow.purge_outbox(cmd.tenant_id, "", [], whole_tenant=True)
         for user_id, ids in sorted(removed.items()):
@@ -181,6 +183,7 @@ async def forget_tenant(cmd: ForgetTenant, uow: UnitOfWork, copies: StreamCopies
                 await uow.record(f"memory-user-{cmd.tenant_id}-{user_id}", ANY_VERSION, MemoryForgotten(
                     cmd.tenant_id, user_id, tuple(ids[start:start + FORGOTTEN_IDS_PER_EVENT]), "tenant forgotten"))
         await uow.withhold_publication(cmd.tenant_id)  # no copy reaches the stream after the purge below
+        marks = await copies.mark() if copies is not None else None
     if copies is not None:  # after the commit: no row left to publish them again
-        await copies.purge(cmd.tenant_id, "", [], whole_tenant=True)
+        await copies.purge(cmd.tenant_id, "", [], whole_tenant=True, until=marks)
     return TenantForgotten(sum(map(len, removed.values())), users)

@@ -157,7 +157,13 @@ class UnitOfWorkFactory(Protocol):
 class StreamCopies(Protocol):
     """The published copies of memory events (a Redis stream), outside any transaction."""
 
-    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False) -> int:
-        """Remove the personal copies (memory events and their dead letters, dead-lettered write commands) of
-        `user_id` (if given) or `memory_ids`, or (`whole_tenant`) of every user of the tenant."""
+    async def mark(self) -> dict[str, str]:
+        """Where each stream purge reads ends now (its last entry): taken inside the forget's transaction,
+        once publication is withheld, so every copy of what it deletes is before it and a new start after."""
+        ...
+    async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False,
+                    until: dict[str, str] | None = None) -> int:
+        """Remove the personal copies (memory events and their dead letters, write commands waiting or
+        dead-lettered) of `user_id` (if given) or `memory_ids`, or (`whole_tenant`) of every user of the
+        tenant; up to `until` (a `mark`), or everything."""
         ...

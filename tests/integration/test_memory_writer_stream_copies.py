@@ -1,0 +1,68 @@
+"""What Forget removes from Redis (adapters/stream_copies.py), against a real Redis.
+
+The four streams that can hold a user's words: the published memory events, their dead letters, the
+write commands still waiting, and the dead-lettered commands. A forget removes the forgotten's entries
+from each, up to the mark taken at its commit, and nothing of another user or tenant, nor what came after.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from libs.events import Envelope
+from libs.events.bus import EventBus
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
+from services.memory_writer.adapters.stream_copies import RedisStreamCopies
+
+pytestmark = pytest.mark.integration
+
+
+def written(tenant: str, user: str, text: str) -> Envelope:
+    memory = common_pb2.Memory(memory_id=str(uuid.uuid4()), tenant=common_pb2.TenantContext(
+        tenant_id=tenant, user_id=user), content=text)
+    return Envelope.wrap(events_pb2.MemoryWritten(memory=memory), event_type="memory.written", tenant_id=tenant)
+
+
+def command(tenant: str, user: str, text: str) -> Envelope:
+    return Envelope.wrap(memory_pb2.WriteMemoryRequest(tenant=common_pb2.TenantContext(user_id=user), content=text),
+                         event_type="memory.write_requested", tenant_id=tenant)
+
+
+async def contents(bus: EventBus, key: str) -> list[str]:
+    redis = await bus.redis()
+    return sorted(f.get(b"payload", f.get(b"original.payload", b"")).decode() for _, f in await redis.xrange(key))
+
+
+@pytest.mark.parametrize("whole_tenant", [False, True])
+async def test_a_forget_removes_the_forgottens_entries_from_every_stream_up_to_its_mark(
+    redis_url: str, whole_tenant: bool
+) -> None:
+    bus = EventBus(redis_url, consumer_name="writer-1", namespace=f"c{uuid.uuid4().hex[:8]}")
+    copies = RedisStreamCopies(bus)
+    redis = await bus.redis()
+    try:
+        for tenant, user in (("acme", "u1"), ("acme", "u2"), ("globex", "u1")):
+            note = f"{tenant} {user} lives at 3 Pear Road"
+            await redis.xadd(copies.events, written(tenant, user, note).to_fields())
+            await bus.dead_letter(copies.events, written(tenant, user, note).to_fields(), {"error_type": "internal"})
+            await redis.xadd(copies.commands, command(tenant, user, note).to_fields())
+            await bus.dead_letter(copies.commands, command(tenant, user, note).to_fields(), {"error_type": "invalid"})
+        marks = await copies.mark()
+        await redis.xadd(copies.events, written("acme", "u1", "acme u1 starts afresh").to_fields())
+        await redis.xadd(copies.commands, command("acme", "u1", "acme u1 starts afresh").to_fields())
+
+        removed = await copies.purge("acme", "u1", [], whole_tenant=whole_tenant, until=marks)
+
+        gone = {"acme u1"} | ({"acme u2"} if whole_tenant else set())
+        assert removed == 4 * len(gone)
+        for key in (copies.events, copies.dead_events, copies.commands, copies.dead_commands):
+            left = "\n".join(await contents(bus, key))
+            assert all(f"{who} lives" not in left for who in gone), key
+            assert "globex u1 lives" in left and ("acme u2 lives" in left) != whole_tenant
+        assert "acme u1 starts afresh" in "\n".join(await contents(bus, copies.events))
+        assert "acme u1 starts afresh" in "\n".join(await contents(bus, copies.commands))
+    finally:
+        await redis.delete(copies.events, copies.dead_events, copies.commands, copies.dead_commands)
+        await bus.stop()

@@ -1,5 +1,5 @@
-"""`mnemesh memory write|get|history|correct|confirm|forget|forget-tenant|quarantine|release|drop|compress|policy`
-(and search).
+"""`mnemesh memory write|get|history|correct|confirm|forget|forget-tenant|rotate-key|quarantine|release|drop|`
+`compress|policy` (and search).
 
 Each verb calls the running memory-writer over gRPC; `--json` prints the reply as proto3 JSON (one
 object) for scripts, otherwise a line or two for people. Errors print the structured ErrorDetail.
@@ -84,6 +84,10 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
         reply = await stub(ch).ForgetTenant(memory_pb2.ForgetTenantRequest(confirm_tenant_id=ns.confirm), timeout=120)
         _show(ns, reply, f"forgot the tenant: {reply.forgotten} memories; {reply.users} user keys destroyed")
 
+    async def rotate_key(ch, ns):
+        reply = await stub(ch).RotateTenantKey(memory_pb2.RotateTenantKeyRequest(), timeout=120)
+        _show(ns, reply, f"tenant key version {reply.version}; {reply.rewrapped} user keys re-wrapped")
+
     async def quarantine(ch, ns):
         reply = await stub(ch).ListQuarantine(memory_pb2.ListQuarantineRequest(
             tenant=common_pb2.TenantContext(user_id=ns.for_user), limit=ns.limit), timeout=10)
@@ -119,7 +123,7 @@ def _verbs(stub: Callable[[grpc.aio.Channel], memory_pb2_grpc.MemoryWriterStub])
         print(f"contacts: {'sensitive' if reply.contacts_sensitive else 'plain'} ({whose})")
 
     return {f.__name__.replace("_", "-"): f for f in (write, get, history, correct, confirm, forget, forget_tenant,
-                                                       quarantine, release, drop, compress, policy)}
+                                                       rotate_key, quarantine, release, drop, compress, policy)}
 
 
 def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., int],
@@ -160,6 +164,7 @@ def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., i
     p = verb("forget-tenant", "forget the whole tenant of your token: every memory, rule and key (memory:admin); "
                               "cannot be undone")
     p.add_argument("--confirm", required=True, metavar="TENANT_ID", help="your token's tenant id, repeated")
+    verb("rotate-key", "a new tenant key: every user key re-wrapped, content untouched (memory:admin)")
     p = verb("quarantine", "what the poisoning guard holds (memory:admin)")
     p.add_argument("--for-user", default="")
     p.add_argument("--limit", type=int, default=50)

@@ -82,6 +82,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.CompressSessionRequest": {**_TENANT, "strategy": _ident(16)},
     "mnemesh.v1.RegisterEntitySchemaRequest": {**_TENANT, "key": _ident(128), "schema": _struct(16 * _KB)},
     "mnemesh.v1.ForgetRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
+    "mnemesh.v1.RotateTenantKeyRequest": {**_TENANT},
     "mnemesh.v1.ForgetTenantRequest": {**_TENANT, "confirm_tenant_id": _text(64)},  # compared by the handler
     "mnemesh.v1.SearchRequest": {**_TENANT, "query": _text(1_000), "layers": Limit("enum", items=16),
                                  "tags": _ident(64, items=32), "mode": _ident(16), "fusion": _ident(16), "route": _ident(16)},

@@ -339,7 +339,7 @@ async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-@pytest.mark.timeout(300)  # fourteen CLI processes, each importing the mesh: slow on a loaded machine
+@pytest.mark.timeout(300)  # fifteen CLI processes, each importing the mesh: slow on a loaded machine
 async def test_the_cli_writes_corrects_confirms_shows_history_and_forgets_with_json(writer: Settings) -> None:
     import json
 
@@ -376,6 +376,8 @@ async def test_the_cli_writes_corrects_confirms_shows_history_and_forgets_with_j
     (code, _, err), (written, _, _) = await asyncio.gather(cli(writer, "forget-tenant", "--confirm", "globex"),
                                                            cli(writer, "write", "likes green tea"))
     assert code == 1 and "confirm_tenant_id: must repeat the tenant being forgotten ('acme')" in err
+    code, out, _ = await cli(writer, "rotate-key")
+    assert code == 0 and out.strip() == "tenant key version 2; 1 user keys re-wrapped"
     code, out, _ = await cli(writer, "forget-tenant", "--confirm", "acme", "--json")
     assert written == 0 and code == 0 and json.loads(out) == {"forgotten": "1", "users": "1"}
 

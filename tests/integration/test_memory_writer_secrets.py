@@ -240,20 +240,18 @@ async def test_rotating_the_tenant_key_keeps_every_sensitive_memory_readable(wri
         api = memory_pb2_grpc.MemoryWriterStub(ch)
         written = [await api.Write(request(f"{user}'s password is {PASSWORD}{i}", user=user), timeout=10)
                    for i, user in enumerate(["u1", "u2", "u3"])]
-    keys = KeyRing(LocalKeyFile(writer.data_dir / "master.key"))
-    db = Database(writer.database_url, f"{writer.namespace}_memory_writer")
-    await db.open()
-    try:
-        async with db.transaction("acme") as conn:
-            before = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
-            sealed_before = await conn.fetch("SELECT sealed FROM memories ORDER BY memory_id")
-            version, rewrapped = await keys.rotate_tenant(conn, "acme")
-        async with db.transaction("acme") as conn:
-            after = await conn.fetch("SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
-            sealed_after = await conn.fetch("SELECT sealed FROM memories ORDER BY memory_id")
-    finally:
-        await db.close()
-    assert (version, rewrapped) == (2, 3)
+    before = await rows_of(writer, "SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
+    sealed_before = await rows_of(writer, "SELECT sealed FROM memories ORDER BY memory_id")
+    async with stub(writer, ["memory:read", "memory:write"]) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await memory_pb2_grpc.MemoryWriterStub(ch).RotateTenantKey(memory_pb2.RotateTenantKeyRequest(), timeout=10)
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    async with stub(writer, ["memory:admin"]) as ch:
+        rotated = await memory_pb2_grpc.MemoryWriterStub(ch).RotateTenantKey(memory_pb2.RotateTenantKeyRequest(),
+                                                                             timeout=30)
+    after = await rows_of(writer, "SELECT user_id, wrapped, tenant_version FROM user_keys ORDER BY user_id")
+    sealed_after = await rows_of(writer, "SELECT sealed FROM memories ORDER BY memory_id")
+    assert (rotated.version, rotated.rewrapped) == (2, 3)
     assert [r["tenant_version"] for r in after] == [2, 2, 2]
     assert all(a["wrapped"] != b["wrapped"] for a, b in zip(after, before, strict=True))
     assert sealed_after == sealed_before  # the content was not re-encrypted

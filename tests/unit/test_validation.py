@@ -26,7 +26,7 @@ REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.WriteBatchRequest, memory_
             memory_pb2.SetTenantPolicyRequest, memory_pb2.GetTenantPolicyRequest,
             memory_pb2.ListQuarantineRequest, memory_pb2.ReleaseRequest, memory_pb2.DropQuarantinedRequest,
             memory_pb2.CompressSessionRequest,
-            memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest, memory_pb2.ForgetTenantRequest,
+            memory_pb2.GetMemoryRequest, memory_pb2.ForgetRequest, memory_pb2.ForgetTenantRequest, memory_pb2.RotateTenantKeyRequest,
             memory_pb2.SearchRequest, memory_pb2.QueryRequest, memory_pb2.RebuildIndexRequest, sessions_pb2.SendRequest, sessions_pb2.SubscribeRequest,
             sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,
             tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest,

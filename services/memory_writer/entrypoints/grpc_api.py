@@ -31,6 +31,7 @@ log = get_logger(__name__)
 DEFAULT_TRIGGERS = Triggers()
 
 SCOPES = {"Write": "memory:write", "Get": "memory:read", "Forget": "memory:forget", "ForgetTenant": "memory:admin",
+          "RotateTenantKey": "memory:admin",
           "WriteBatch": "memory:write",
           "Correct": "memory:write", "Confirm": "memory:write", "History": "memory:read",
           "RegisterEntitySchema": "memory:admin", "SetTenantPolicy": "memory:admin", "GetTenantPolicy": "memory:read",
@@ -118,6 +119,11 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
         cmd = handlers.ForgetTenant(request.tenant.tenant_id, request.confirm_tenant_id)
         done = await handlers.forget_tenant(cmd, self.uow(), self.copies)
         return memory_pb2.ForgetTenantResponse(forgotten=done.memories, users=done.users)
+
+    async def RotateTenantKey(self, request, context):
+        version, rewrapped = await handlers.rotate_tenant_key(handlers.RotateTenantKey(request.tenant.tenant_id),
+                                                              self.uow())
+        return memory_pb2.RotateTenantKeyResponse(version=version, rewrapped=rewrapped)
 
     async def Correct(self, request, context):
         cmd = handlers.CorrectEntity(

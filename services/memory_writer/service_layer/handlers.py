@@ -80,7 +80,10 @@ class RotateTenantKey:
 
 
 async def rotate_tenant_key(cmd: RotateTenantKey, uow: UnitOfWork) -> tuple[int, int]:
-    """Re-wrap every user data key of the tenant under a new tenant key; content stays as it is."""
+    """Re-wrap every user data key of the tenant under a new tenant key; content stays as it is. Returns the
+    new version and how many user keys were re-wrapped."""
+    if not cmd.tenant_id:
+        raise ValidationFailed("is required", field="tenant.tenant_id", hint="call with a token issued for the tenant")
     async with uow:
         return await uow.rotate_tenant_key(cmd.tenant_id)
 

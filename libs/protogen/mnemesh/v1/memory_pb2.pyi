@@ -337,6 +337,20 @@ class ForgetTenantRequest(_message.Message):
     confirm_tenant_id: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., confirm_tenant_id: _Optional[str] = ...) -> None: ...
 
+class RotateTenantKeyRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ...) -> None: ...
+
+class RotateTenantKeyResponse(_message.Message):
+    __slots__ = ("version", "rewrapped")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWRAPPED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    rewrapped: int
+    def __init__(self, version: _Optional[int] = ..., rewrapped: _Optional[int] = ...) -> None: ...
+
 class ForgetTenantResponse(_message.Message):
     __slots__ = ("forgotten", "users")
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]

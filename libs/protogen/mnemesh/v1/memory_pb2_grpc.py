@@ -57,6 +57,11 @@ class MemoryWriterStub:
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.FromString,
                 _registered_method=True)
+        self.RotateTenantKey = channel.unary_unary(
+                '/mnemesh.v1.MemoryWriter/RotateTenantKey',
+                request_serializer=mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyResponse.FromString,
+                _registered_method=True)
         self.WriteBatch = channel.unary_unary(
                 '/mnemesh.v1.MemoryWriter/WriteBatch',
                 request_serializer=mnemesh_dot_v1_dot_memory__pb2.WriteBatchRequest.SerializeToString,
@@ -140,6 +145,14 @@ class MemoryWriterServicer:
     def ForgetTenant(self, request, context):
         """Forget the whole tenant of the token (scope memory:admin): every memory of every user, its entity
         schemas and write rules, and every key (user data keys, tenant keys, search key). Cannot be undone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateTenantKey(self, request, context):
+        """A new tenant key version for the token's tenant (scope memory:admin): every user data key is re-wrapped
+        under it, content is not re-encrypted, and the search key (keyed hashes) is carried over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -243,6 +256,11 @@ def add_MemoryWriterServicer_to_server(servicer, server):
                     servicer.ForgetTenant,
                     request_deserializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.SerializeToString,
+            ),
+            'RotateTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateTenantKey,
+                    request_deserializer=mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyResponse.SerializeToString,
             ),
             'WriteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteBatch,
@@ -410,6 +428,33 @@ class MemoryWriter:
             '/mnemesh.v1.MemoryWriter/ForgetTenant',
             mnemesh_dot_v1_dot_memory__pb2.ForgetTenantRequest.SerializeToString,
             mnemesh_dot_v1_dot_memory__pb2.ForgetTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.MemoryWriter/RotateTenantKey',
+            mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyRequest.SerializeToString,
+            mnemesh_dot_v1_dot_memory__pb2.RotateTenantKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["Conflict", "DomainError", "NotFound", "PermissionDenied", "Unauthenticated", "Unavailable",
+__all__ = ["Busy", "Conflict", "DomainError", "NotFound", "PermissionDenied", "Unauthenticated", "Unavailable",
            "Unimplemented", "ValidationFailed", "DeadlineExceeded", "Internal"]
 
 
@@ -60,6 +60,11 @@ class Unavailable(DomainError):
 
     error_type = "unavailable"
     retryable = True
+
+
+class Busy(Unavailable):
+    """What the call needs is held, for a moment, by another operation (a forget under way): the same call
+    succeeds shortly. Transient everywhere (libs/transient): retried, never dead-lettered."""
 
 
 class Unimplemented(DomainError):

@@ -201,7 +201,7 @@ class OutboxRelay:
         failed: list[tuple[int, dict]] = []
         fenced = False
         try:
-            async with conn.transaction():  # read-only, held open while publishing: the lock goes with it
+            async with conn.transaction(readonly=True):  # held open while publishing: the lock goes with it
                 await conn.execute(_READ_TO_PUBLISH, ALL_TENANTS, self.outbox.publishing_lock)
                 rows = await conn.fetch("SELECT id, stream FROM outbox WHERE published_at IS NULL"
                                         " AND failure IS NULL ORDER BY id LIMIT $1", self.batch)

@@ -18,10 +18,13 @@ import grpc
 import httpx
 import redis.exceptions
 
+from libs.errors import Busy
+
 __all__ = ["TRANSIENT_ERRORS", "is_transient"]
 
 # Always transient, whatever their details.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    Busy,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,  # the connection was lost or closed under the operation
     asyncpg.TooManyConnectionsError,

@@ -1,20 +1,23 @@
 """Keys and forgetting against real PostgreSQL: a forget and the writes in flight around it.
 
-Two key rings stand for two replicas. A write that holds a user's key when a forget starts makes the
-forget wait, and what it wrote is deleted with the rest; a write that starts while a forget is under way
-waits for it, then starts afresh under new keys. Nothing is ever sealed under a destroyed key, and the
-tenant key can still be rotated.
+Two key rings stand for two replicas. A write that holds a user's keys when a forget starts makes the
+forget wait, and what it wrote is deleted with the rest; a write that comes while a forget waits or runs
+is refused at once as Busy (retryable), and starts afresh, under new keys, when retried after it. A write
+holding a memory's row lock never deadlocks with a forget. Nothing is ever sealed under a destroyed key,
+and the tenant key can still be rotated.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 import pytest
 
 from libs.crypto import LocalKeyFile
+from libs.errors import Busy
 from libs.db import Database, apply_migrations, load_migrations
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
@@ -54,6 +57,20 @@ class PausedAfterAdd(PostgresUnitOfWork):
         self.added.set()
         await self.release.wait()
         return added
+
+
+class PausedAfterFindingIdentical(PostgresUnitOfWork):
+    """A write whose content is already stored: it stops holding the stored memory's row lock."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.found, self.release = asyncio.Event(), asyncio.Event()
+
+    async def find_identical(self, *args):
+        found = await super().find_identical(*args)
+        self.found.set()
+        await self.release.wait()
+        return found
 
 
 class Replicas:
@@ -100,33 +117,53 @@ async def test_a_forget_waits_for_the_write_in_flight_and_deletes_what_it_wrote(
         else forget(ForgetMemory("acme", "u9", requested_by="u9"), replicas.uow()))
     await asyncio.sleep(0.3)
     assert not forgetting.done()  # it waits for the write in flight, which holds u9's key
+    with pytest.raises(Busy):  # a write that comes meanwhile is refused at once, never left waiting
+        await write_memory(a_write("u9", f"and my pin is {PASSWORD}"), replicas.uow())
+    if not whole_tenant:  # another user's writes go on
+        await write_memory(a_write("u8", f"my password is {PASSWORD}"), replicas.uow())
     in_flight.release.set()
     with anyio.fail_after(10):
         late = await writing
         await forgetting
     assert await replicas.rows(f"SELECT 1 FROM memories WHERE memory_id = '{late.memory_id}'") == []
-    assert await replicas.rows("SELECT user_id FROM user_keys") == []
+    assert await replicas.rows("SELECT user_id FROM user_keys") == ([] if whole_tenant else [("u8",)])
     for replica in ("a", "b"):  # a new start on either replica, under a live key
         again = await write_memory(a_write("u9", f"my new password is {PASSWORD}-{replica}"), replicas.uow(replica))
         assert await readable(replicas, again.memory_id, "a") == f"my new password is {PASSWORD}-{replica}"
         assert await readable(replicas, again.memory_id, "b") == f"my new password is {PASSWORD}-{replica}"
     version, rewrapped = await rotate_tenant_key(RotateTenantKey("acme"), replicas.uow("b"))
-    assert rewrapped == 1 and version == (3 if whole_tenant else 2)
+    assert (version, rewrapped) == ((3, 1) if whole_tenant else (2, 2))
 
 
-async def test_a_write_that_starts_during_a_tenant_forget_waits_and_starts_afresh(replicas: Replicas) -> None:
+async def test_a_write_during_a_tenant_forget_is_refused_then_starts_afresh(replicas: Replicas) -> None:
     before = await write_memory(a_write("u1", f"my password is {PASSWORD}"), replicas.uow("b"))
     assert await readable(replicas, before.memory_id, "b") == f"my password is {PASSWORD}"  # b caches version 1
     forgetting = replicas.uow()
     async with forgetting:
         await forgetting.shred_tenant_keys("acme")
-        writing = asyncio.create_task(write_memory(a_write("u1", f"a new password {PASSWORD}"), replicas.uow("b")))
-        await asyncio.sleep(0.3)
-        assert not writing.done()  # it waits for the forget to end
+        with pytest.raises(Busy) as refused:
+            await write_memory(a_write("u1", f"a new password {PASSWORD}"), replicas.uow("b"))
+        assert refused.value.retryable and "forget" in refused.value.reason
         await forgetting.delete_tenant("acme")
-    with anyio.fail_after(10):
-        written = await writing
+    written = await write_memory(a_write("u1", f"a new password {PASSWORD}"), replicas.uow("b"))
     assert await readable(replicas, written.memory_id, "a") == f"a new password {PASSWORD}"
     assert await replicas.rows("SELECT version, wrapped IS NULL FROM tenant_keys ORDER BY version") == \
         [(1, True), (2, False)]
     assert await replicas.rows("SELECT user_id, tenant_version FROM user_keys") == [("u1", 2)]
+
+
+async def test_a_write_holding_a_memorys_row_lock_never_deadlocks_with_a_forget(replicas: Replicas) -> None:
+    await write_memory(a_write("u9", "prefers tea over coffee"), replicas.uow())
+    merging = replicas.uow("b", PausedAfterFindingIdentical)  # the same content again: merged into the first
+    tagged = replace(a_write("u9", "prefers tea over coffee"), tags=("drinks",))  # its tags are sealed: a key
+    writing = asyncio.create_task(write_memory(tagged, merging))
+    with anyio.fail_after(10):
+        await merging.found.wait()  # it holds the stored memory's row, and no key yet
+    forgetting = asyncio.create_task(forget(ForgetMemory("acme", "u9", requested_by="u9"), replicas.uow()))
+    await asyncio.sleep(0.3)
+    merging.release.set()  # it now needs u9's key, which the forget holds: refused, and its row lock goes
+    with anyio.fail_after(10):
+        with pytest.raises(Busy):
+            await writing
+        assert await forgetting == 1
+    assert await replicas.rows("SELECT 1 FROM memories") == []

@@ -6,10 +6,13 @@ never cached beyond it, so a shredded user key is gone from every replica as soo
 Forgetting a tenant destroys its user keys and empties its tenant key versions (the rows stay), so a
 key made for the tenant afterwards has a version no replica has cached.
 
-A unit that takes a key holds its rows (user key and tenant key version) FOR SHARE until it ends, and
-forgetting destroys keys before it deletes memories: a forget waits for the writes in flight that hold
-the keys it destroys (then deletes what they wrote), and a write that comes after finds no key and makes
-a new one, so nothing is ever sealed under a destroyed key.
+Keys in use: a unit of work that is about to use a tenant's keys takes, without waiting, a shared
+advisory lock on them (`hold`: the tenant's, and each user's it seals for); destroying keys takes the
+lock exclusively first, waiting for the units in flight. So a forget waits for the writes that hold the
+keys it destroys (and then deletes what they wrote), a write that comes while a forget waits or runs is
+refused at once as Busy (retried: it then starts afresh, under a new key), and nothing is ever sealed
+under a destroyed key. A unit never waits for a keys lock while holding others, so these locks cannot
+deadlock, and a waiting forget is never starved (a shared request yields to a waiting exclusive one).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import asyncpg
 from libs.crypto import CryptoError, KeyProvider, new_key, open_sealed, seal
 from libs.db import rowcount
 
-__all__ = ["KeyRing", "KeyShredded", "keyed"]
+__all__ = ["KeyRing", "KeyShredded", "keyed", "keys_lock"]
 
 
 def keyed(search_key: bytes, value: str) -> str:
@@ -30,11 +33,17 @@ def keyed(search_key: bytes, value: str) -> str:
     return hmac.new(search_key, value.encode(), hashlib.sha256).hexdigest()
 
 
-# A tenant's user keys under a live tenant key version (a destroyed version's are not keys any more), held
-# FOR SHARE by the statements that end in it: a forget waits for the unit to end.
-_HELD_KEYS = ("SELECT u.user_id, u.wrapped, u.tenant_version FROM user_keys u JOIN tenant_keys t"
+# A tenant's user keys under a live tenant key version (a destroyed version's are not keys any more).
+_LIVE_KEYS = ("SELECT u.user_id, u.wrapped, u.tenant_version FROM user_keys u JOIN tenant_keys t"
               " ON t.tenant_id = u.tenant_id AND t.version = u.tenant_version"
               " WHERE u.tenant_id = $1 AND t.wrapped IS NOT NULL")
+_TRY_SHARED = ("SELECT coalesce(bool_and(pg_try_advisory_xact_lock_shared(hashtext(k))), true)"
+               " FROM (SELECT k FROM unnest($1::text[]) AS k ORDER BY k) s")
+
+
+def keys_lock(tenant_id: str, user_id: str = "") -> str:
+    """The advisory lock on a tenant's keys (`user_id`: on that user's data key)."""
+    return f"keys-in-use:{tenant_id}:{user_id}" if user_id else f"keys-in-use:{tenant_id}"
 
 
 class KeyShredded(CryptoError):
@@ -59,7 +68,7 @@ class KeyRing:
             return (version, *self._tenant[(tenant_id, version)])
         query = "SELECT version, wrapped, search_wrapped FROM tenant_keys WHERE tenant_id = $1"
         row = await (conn.fetchrow(query + " AND version = $2", tenant_id, version) if version is not None else
-                     conn.fetchrow(query + " ORDER BY version DESC LIMIT 1 FOR SHARE", tenant_id))
+                     conn.fetchrow(query + " ORDER BY version DESC LIMIT 1", tenant_id))
         if row is None or row["wrapped"] is None:
             if version is not None:
                 if row is not None:
@@ -107,7 +116,7 @@ class KeyRing:
         return found
 
     async def _user_keys_of(self, conn: asyncpg.Connection, tenant_id: str, user_ids: list[str]) -> dict[str, bytes]:
-        rows = await conn.fetch(_HELD_KEYS + " AND u.user_id = ANY($2::text[]) FOR SHARE", tenant_id, user_ids)
+        rows = await conn.fetch(_LIVE_KEYS + " AND u.user_id = ANY($2::text[])", tenant_id, user_ids)
         keys = {}
         for row in rows:
             _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
@@ -115,7 +124,7 @@ class KeyRing:
         return keys
 
     async def user_key(self, conn: asyncpg.Connection, tenant_id: str, user_id: str, *, create: bool) -> bytes:
-        row = await conn.fetchrow(_HELD_KEYS + " AND u.user_id = $2 FOR SHARE", tenant_id, user_id)
+        row = await conn.fetchrow(_LIVE_KEYS + " AND u.user_id = $2", tenant_id, user_id)
         if row is not None:
             _, tenant_key, _ = await self._load(conn, tenant_id, row["tenant_version"])
             return open_sealed(tenant_key, row["wrapped"], self._user_ctx(tenant_id, user_id))
@@ -131,16 +140,24 @@ class KeyRing:
             return await self.user_key(conn, tenant_id, user_id, create=False)
         return key
 
+    @staticmethod
+    async def hold(conn: asyncpg.Connection, locks: list[str]) -> bool:
+        """Take these keys locks (keys_lock) shared for the rest of the transaction, without waiting; False when
+        one is taken or awaited exclusively (its keys are being destroyed)."""
+        return await conn.fetchval(_TRY_SHARED, locks)
+
     async def shred(self, conn: asyncpg.Connection, tenant_id: str, user_id: str) -> bool:
-        """Destroy the user's data key: everything sealed under it can never be opened again."""
+        """Destroy the user's data key: everything sealed under it can never be opened again. Waits first for
+        the units using it (see the module's note on keys in use)."""
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", keys_lock(tenant_id, user_id))
         status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id)
         return not status.endswith(" 0")
 
     async def shred_tenant(self, conn: asyncpg.Connection, tenant_id: str) -> int:
         """Destroy every key of the tenant: its users' data keys, its tenant keys and its search key. Every
         sealed copy and keyed hash made under them can never be opened or matched again. How many user keys."""
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"tenant-key:{tenant_id}")
-        # First: waits for the units holding a tenant key version (writes in flight), and holds back new ones.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1)), pg_advisory_xact_lock(hashtext($2))",
+                           keys_lock(tenant_id), f"tenant-key:{tenant_id}")  # waits for the units using them
         await conn.execute("UPDATE tenant_keys SET wrapped = NULL, search_wrapped = NULL, destroyed_at = now()"
                            " WHERE tenant_id = $1 AND wrapped IS NOT NULL", tenant_id)
         status = await conn.execute("DELETE FROM user_keys WHERE tenant_id = $1", tenant_id)

@@ -17,12 +17,13 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from libs.crypto import open_sealed, seal
+from libs.errors import Busy
 from libs.db import Database, act_as, rowcount
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.batched import BatchBuffer
-from services.memory_writer.adapters.keys import KeyRing, keyed
+from services.memory_writer.adapters.keys import KeyRing, keyed, keys_lock
 from services.memory_writer.adapters.event_json import (
     PERSONAL_EVENTS,
     PERSONAL_FIELDS,
@@ -74,6 +75,7 @@ class PostgresUnitOfWork:
         self._user_keys: dict[str, bytes] = {}  # this unit's user data keys; never kept beyond it
         self._sealed: dict[str, bytes] = {}
         self._search_key: bytes | None = None
+        self._held: set[str] = set()  # keys locks this unit holds (keys.hold)
         self._batch: BatchBuffer | None = None  # batch mode (prefetch .. flush)
         self._outer, self.causation = conn, causation
         self._conn: asyncpg.Connection | None = None
@@ -111,6 +113,19 @@ class PostgresUnitOfWork:
             raise ValueError(f"this unit of work acts for tenant {self._tenant!r}, not {tenant_id!r}")
         return self._conn
 
+    async def _hold(self, tenant_id: str, user_ids: list[str]) -> None:
+        """Hold the tenant's keys, and these users', for the rest of the unit before using them (Busy, at once,
+        while a forget destroys them: see adapters/keys.py)."""
+        wanted = [lock for lock in [keys_lock(tenant_id), *(keys_lock(tenant_id, u) for u in user_ids)]
+                  if lock not in self._held]
+        if not wanted:
+            return
+        if not await self.keys.hold(await self._as(tenant_id), wanted):
+            whose = f"user {user_ids[0]!r}" if len(user_ids) == 1 else f"tenant {tenant_id!r}"
+            raise Busy(f"the keys of {whose} are being destroyed: a forget is under way", field="tenant.user_id",
+                       hint="retry in a moment: the write then starts afresh, under new keys")
+        self._held.update(wanted)
+
     async def _one(self, tenant_id: str, query: str, *args: object) -> MemoryRecord | None:
         row = await (await self._as(tenant_id)).fetchrow(query, *args)
         return _record(row) if row else None
@@ -118,6 +133,7 @@ class PostgresUnitOfWork:
     async def prefetch(self, tenant_id: str, lookups: Lookups) -> None:
         conn = await self._as(tenant_id)
         buffer = BatchBuffer(tenant_id)
+        await self._hold(tenant_id, sorted(lookups.sealing))  # first: before any lock a forget might wait for
         await buffer.load(conn, lookups)
         if wanted := sorted(lookups.sealing - set(self._user_keys)):
             self._user_keys.update(await self.keys.user_keys(conn, tenant_id, wanted))
@@ -146,6 +162,7 @@ class PostgresUnitOfWork:
 
     async def _user_key(self, tenant_id: str, user_id: str, *, create: bool) -> bytes:
         if user_id not in self._user_keys:
+            await self._hold(tenant_id, [user_id])
             self._user_keys[user_id] = await self.keys.user_key(await self._as(tenant_id), tenant_id, user_id,
                                                                 create=create)
         return self._user_keys[user_id]
@@ -241,6 +258,7 @@ class PostgresUnitOfWork:
 
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         if self._search_key is None:  # read once per unit (the search key outlives tenant key rotations)
+            await self._hold(tenant_id, [])
             self._search_key = await self.keys.search_key(await self._as(tenant_id), tenant_id)
         return keyed(self._search_key, value)
 
@@ -263,8 +281,14 @@ class PostgresUnitOfWork:
     @contextlib.asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
         assert self._conn is not None, "use the unit of work in `async with`"
-        async with self._conn.transaction():
-            yield
+        try:
+            async with self._conn.transaction():
+                yield
+        except BaseException:
+            # Rolled back: keys locks taken inside it went with it; hold (and read) keys again when needed.
+            self._held.clear()
+            self._user_keys.clear()
+            raise
 
     async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:
         conn = await self._as(tenant_id)

@@ -5,8 +5,9 @@ tags), and the stream keeps it until trimmed; a consumer of the events (the retr
 handle one dead-letters it, content and all, in the events' dead-letter stream; a write command waiting
 in the commands stream holds its content until a writer takes it, and one that was dead-lettered keeps
 it (sensitive values redacted) in the commands' dead-letter stream. Dead letters are never trimmed.
-Forget removes the forgotten user's (or memories', or tenant's) entries from all four, each up to the
-last entry it held at the forget's commit (`mark`), so what comes after, a new start, stays: one pass
+Forget removes the forgotten user's (or memories', or tenant's) entries from all four, up to the last
+entry the events and commands streams held at the forget's commit (`mark`; a dead letter by the id of
+the entry it copies, however late it was written), so what comes after, a new start, stays: one pass
 over each stream (XRANGE in pages, XDEL of the matches): forgetting is rare, the streams are bounded.
 """
 
@@ -28,6 +29,12 @@ def _text(value: bytes | str | None) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
 
 
+def _entry_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id, comparable ((0, 0) when empty or malformed: from before any mark)."""
+    ms, _, seq = entry_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
+
+
 def _payload(fields: dict[str, str], name: str) -> dict:
     try:
         payload = json.loads(fields.get(name, ""))
@@ -45,12 +52,14 @@ class RedisStreamCopies:
         self.dead_commands = dead_letter_stream(self.commands)
 
     async def mark(self) -> dict[str, str]:
-        redis = await self.bus.redis()
-        marks = {}
-        for key in (self.events, self.dead_events, self.commands, self.dead_commands):
-            last = await redis.xrevrange(key, count=1)
-            marks[key] = _text(last[0][0]) if last else "0-0"
-        return marks
+        # The last id each stream generated (its entries may be trimmed or deleted since; a stream not
+        # created yet answers an error, and nothing of it can be before the mark).
+        pipe = (await self.bus.redis()).pipeline(transaction=False)
+        for key in (self.events, self.commands):
+            pipe.xinfo_stream(key)
+        infos = await pipe.execute(raise_on_error=False)
+        return {key: _text(info["last-generated-id"]) if isinstance(info, dict) else "0-0"
+                for key, info in zip((self.events, self.commands), infos, strict=True)}
 
     async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False,
                     until: dict[str, str] | None = None) -> int:
@@ -75,15 +84,20 @@ class RedisStreamCopies:
             return whole_tenant or (bool(user_id) and
                                     (_payload(fields, prefix + "payload").get("tenant") or {}).get("userId") == user_id)
 
-        until = until or {}
-        return (await self._purge(self.events, personal, until.get(self.events, "+"))
-                + await self._purge(self.dead_events, lambda fields: personal(fields, "original."),
-                                    until.get(self.dead_events, "+"))
-                + await self._purge(self.commands, command, until.get(self.commands, "+"))
-                + await self._purge(self.dead_commands, lambda fields: command(fields, "original."),
-                                    until.get(self.dead_commands, "+")))
+        def before(mark: str, fields: dict[str, str]) -> bool:
+            """A dead letter of an entry up to `mark` of its stream (the dead-lettering may come later)."""
+            return not mark or _entry_id(fields.get("dead.entry_id", "")) <= _entry_id(mark)
 
-    async def _purge(self, key: str, doomed: Callable[[dict[str, str]], bool], until: str) -> int:
+        until = until or {}
+        events, commands = until.get(self.events, ""), until.get(self.commands, "")
+        return (await self._purge(self.events, personal, events or "+")
+                + await self._purge(self.dead_events,
+                                    lambda fields: personal(fields, "original.") and before(events, fields))
+                + await self._purge(self.commands, command, commands or "+")
+                + await self._purge(self.dead_commands,
+                                    lambda fields: command(fields, "original.") and before(commands, fields)))
+
+    async def _purge(self, key: str, doomed: Callable[[dict[str, str]], bool], until: str = "+") -> int:
         redis, removed, start = await self.bus.redis(), 0, "-"
         while entries := await redis.xrange(key, min=start, max=until, count=PAGE):
             ids = [entry_id for entry_id, raw in entries if doomed({_text(k): _text(v) for k, v in raw.items()})]

@@ -128,7 +128,7 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
         if not cmd.memory_id:
             # Crypto-shredding: whatever copies of the user's sealed content remain (event store, outbox
             # history, stream entries, backups) can never be opened again. First: it waits for the user's
-            # writes in flight (they hold the key), so that the deletion below sees what they wrote.
+            # writes in flight that hold the key (adapters/keys.py), so the deletion below sees what they wrote.
             await uow.shred_user_key(cmd.tenant_id, cmd.user_id)
         ids = [cmd.memory_id] if cmd.memory_id else await uow.ids_of_user(cmd.tenant_id, cmd.user_id)
         removed = await uow.delete(cmd.tenant_id, ids)

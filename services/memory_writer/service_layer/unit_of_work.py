@@ -158,8 +158,9 @@ class StreamCopies(Protocol):
     """The published copies of memory events (a Redis stream), outside any transaction."""
 
     async def mark(self) -> dict[str, str]:
-        """Where each stream purge reads ends now (its last entry): taken inside the forget's transaction,
-        once publication is withheld, so every copy of what it deletes is before it and a new start after."""
+        """Where the events and commands streams end now (their last entries): taken inside the forget's
+        transaction, once publication is withheld, so every copy of what it deletes is before it (a dead letter
+        by the entry it copies) and a new start after."""
         ...
     async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False,
                     until: dict[str, str] | None = None) -> int:

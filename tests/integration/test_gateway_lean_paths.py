@@ -195,3 +195,48 @@ async def test_the_pool_skips_interim_answers_and_holds_at_most_max_connections_
     with pytest.raises(ProtocolError, match="closed"):  # a closed pool opens nothing more
         async with pool.post(b"{}", {}):
             pass
+
+
+async def test_the_lean_pool_speaks_tls_and_checks_the_certificate(tmp_path: Path) -> None:
+    import ssl
+    import subprocess
+    import sys
+
+    from test_gateway_relay import test_ca_and_certificate
+    from test_gateway_upstreams import FIXTURE
+
+    from mnemesh.infra import free_port
+
+    ca, certificate, key = test_ca_and_certificate(tmp_path)
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, FIXTURE, "https", str(port), str(certificate), str(key)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"text": "tls"}, "_meta": MODERN_META}}).encode()
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+    trusting = Http1Pool(f"https://127.0.0.1:{port}/mcp", ssl_context=ssl.create_default_context(cafile=str(ca)))
+    by_name = Http1Pool(f"https://localhost:{port}/mcp", ssl_context=ssl.create_default_context(cafile=str(ca)))
+    stranger = Http1Pool(f"https://127.0.0.1:{port}/mcp", ssl_context=ssl.create_default_context())
+    try:
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    async with trusting.post(body, headers) as response:
+                        answer = json.loads(await response.read())
+                    break
+                except OSError:  # not listening yet
+                    await anyio.sleep(0.1)
+        assert answer["result"]["structuredContent"] == {"echo": "tls"}
+        async with by_name.post(body, headers) as response:  # the host name is checked against the certificate
+            assert json.loads(await response.read())["result"]["structuredContent"] == {"echo": "tls"}
+        with pytest.raises(ssl.SSLCertVerificationError):  # a certificate of a CA the context does not trust
+            async with stranger.post(body, headers):
+                pass
+        with pytest.raises(ValueError, match="SSL context"):
+            Http1Pool(f"https://127.0.0.1:{port}/mcp")
+    finally:
+        for pool in (trusting, by_name, stranger):
+            await pool.aclose()
+        upstream.terminate()
+        upstream.wait(10)

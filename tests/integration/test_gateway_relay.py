@@ -2,15 +2,22 @@
 messages (at the level the caller set), sampling and elicitation requests answered by the official SDK
 client's callbacks, an answer that reaches another gateway process than the call (two real processes
 behind one address), a clean error for a client that declared no such capability, and resource
-subscriptions. The upstream is tests/integration/upstream_server.py over Streamable HTTP; the clients
-speak 2025-11-25 (mode "legacy"), the revision with requests from server to client mid-call."""
+subscriptions. The upstream is tests/integration/upstream_server.py over Streamable HTTP (plain, and over
+TLS with a certificate of a test CA the gateway is told to trust); the clients speak 2025-11-25 (mode
+"legacy"), the revision with requests from server to client mid-call."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
 import json
+import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -18,7 +25,7 @@ import mcp_types as types
 import pytest
 import test_mcp
 from test_gateway_replicas import RoundRobin, gateway_process, two_processes  # noqa: F401 - fixtures
-from test_gateway_upstreams import http_upstream, wait_answers  # noqa: F401 - fixtures
+from test_gateway_upstreams import FIXTURE, http_upstream, wait_answers  # noqa: F401 - fixtures
 from test_mcp import Gateway, gateway_settings
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -256,3 +263,94 @@ async def test_resource_updates_cross_neither_sessions_nor_tenants(legacy_upstre
     assert set(heard["alice"]) == {"fixture://motd"}
     assert set(heard["other-session"]) == {"fixture://items/2"}  # the same caller's other session: not its URI
     assert set(heard["other-tenant"]) == {"fixture://items/3"}
+
+
+def test_ca_and_certificate(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a certificate it signs for 127.0.0.1: (CA file, certificate, key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def issued(subject: str, key, issuer: x509.Name, signer, *, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = issued("mnemesh test CA", ca_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mnemesh test CA")]),
+                ca_key, ca=True)
+    certificate = issued("127.0.0.1", key, ca.subject, ca_key, ca=False)
+    files = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    files[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return files
+
+
+test_ca_and_certificate.__test__ = False  # a helper, not a test
+
+
+@pytest.fixture
+async def tls_upstream(redis_url: str, database_url: str, tmp_path) -> AsyncIterator[tuple[Gateway, list[int]]]:
+    """Two gateway processes federating the upstream over https://, trusting the test CA (SSL_CERT_FILE)."""
+    ca, certificate, key = test_ca_and_certificate(tmp_path)
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, FIXTURE, "https", str(port), str(certificate), str(key)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}/mcp"
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"upstreams": [{"name": "secure", "url": url, "prefix": "tls"}]}))
+    first = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
+    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
+    try:
+        async with httpx2.AsyncClient(verify=ssl.create_default_context(cafile=str(ca)), timeout=2) as http:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        await http.get(url)
+                        break
+                    except httpx2.TransportError:
+                        await anyio.sleep(0.1)
+        async with (gateway_process(first, "first", tmp_path, SSL_CERT_FILE=str(ca)),
+                    gateway_process(second, "second", tmp_path, SSL_CERT_FILE=str(ca))):
+            yield Gateway(first, asyncio.Event(), None), [first.mcp_http_port, second.mcp_http_port]  # type: ignore[arg-type]
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        await test_mcp.drop_namespace(first)
+
+
+async def test_a_tls_upstream_is_called_lean_and_relays_sampling_elicitation_and_logs(
+    tls_upstream: tuple[Gateway, list[int]]
+) -> None:
+    gw, ports = tls_upstream
+    balancer = AnswersElsewhere(ports)
+    logged: list[str] = []
+
+    async def elicit(context, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(str(params.data))
+
+    async with client_of(gw, transport=balancer, tool="tls.ask_llm", sampling_callback=sample,
+                         elicitation_callback=elicit, logging_callback=log) as client:
+        echoed = await client.call_tool("tls.echo", {"text": "over tls", "times": 2})
+        sampled = await client.call_tool("tls.ask_llm", {"prompt": "secure"})
+        asked = await client.call_tool("tls.ask_user", {"question": "Who?"})
+        chatty = await client.call_tool("tls.chatty", {})
+    assert echoed.structured_content == {"echo": "over tls over tls"}
+    assert sampled.structured_content == {"said": "you said secure", "model": "test-model"}
+    assert asked.structured_content == {"action": "accept", "name": "Ada"}
+    assert chatty.structured_content == {"done": True}
+    assert logged == ["chatty: debug", "chatty: info", "chatty: warning"]  # relayed off the upstream's stream
+    assert len(balancer.answers) == 2 and all(call != answer for call, answer in balancer.answers)

@@ -70,10 +70,10 @@ class RoundRobin(httpx2.AsyncBaseTransport):
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(settings, name: str, log_dir: Path) -> AsyncIterator[subprocess.Popen]:
+async def gateway_process(settings, name: str, log_dir: Path, **env: str) -> AsyncIterator[subprocess.Popen]:
     log = (log_dir / f"{name}.log").open("w")
     process = subprocess.Popen([sys.executable, "-m", "mnemesh", "serve", "tool-gateway"],
-                               env=settings_env(settings), stdout=log, stderr=subprocess.STDOUT)
+                               env=settings_env(settings, **env), stdout=log, stderr=subprocess.STDOUT)
     try:
         with anyio.fail_after(60):
             while not await check_health(f"127.0.0.1:{settings.tool_gateway_grpc_port}"):

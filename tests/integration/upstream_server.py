@@ -2,6 +2,7 @@
 
     python upstream_server.py stdio
     python upstream_server.py http <port>
+    python upstream_server.py https <port> <certificate file> <key file>
 
 Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
@@ -176,5 +177,10 @@ def greet(name: str) -> str:
 if __name__ == "__main__":
     if sys.argv[1] == "stdio":
         server.run("stdio")
+    elif sys.argv[1] == "https":
+        import uvicorn
+
+        uvicorn.run(server.streamable_http_app(host="127.0.0.1"), host="127.0.0.1", port=int(sys.argv[2]),
+                    ssl_certfile=sys.argv[3], ssl_keyfile=sys.argv[4], log_level="warning")
     else:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

@@ -1,10 +1,12 @@
-"""A minimal HTTP/1.1 client for POSTs to one plain-HTTP origin, on kept-alive asyncio connections.
+"""A minimal HTTP/1.1 client for POSTs to one origin, on kept-alive asyncio connections.
 
 For the gateway's hottest outbound request, a tools/call to a Streamable HTTP upstream
 (upstream_http.py). A general client (httpx) spends about a millisecond of CPU on such a POST in
 layers this one request does not need (auth and redirect handling, event hooks, a connection pool
 with its own locking, a response model); this one writes the request in one write and reads the
-answer straight off the stream. Plain `http://` only; TLS upstreams go through the SDK client.
+answer straight off the stream. `http://`, or `https://` with the SSL context it is given (the
+gateway passes the one its SDK client uses: the same CAs, `SSL_CERT_FILE`/`SSL_CERT_DIR` included) and
+the URL's host name checked against the certificate.
 
 - A connection is reused only after its response was read to the end and did not say `close`,
   and only within `idle_seconds` (2 s) of that: below the keep-alive timeouts servers commonly use
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -131,11 +134,14 @@ class Http1Pool:
 
     def __init__(self, url: str, headers: dict[str, str] | None = None, *, connect_timeout: float = 10.0,
                  max_idle: int = 64, idle_seconds: float = 2.0, max_connections: int = 100,
-                 max_body_bytes: int = 32 << 20) -> None:
+                 max_body_bytes: int = 32 << 20, ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"Http1Pool serves plain http:// URLs, not {url!r}")
-        self.host, self.port = parts.hostname, parts.port or 80
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"Http1Pool serves http:// and https:// URLs, not {url!r}")
+        if parts.scheme == "https" and ssl_context is None:
+            raise ValueError(f"{url!r} needs an SSL context")
+        self.tls = ssl_context if parts.scheme == "https" else None
+        self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         authority = parts.netloc.rpartition("@")[2]
         self._fixed = f"Host: {authority}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
@@ -154,7 +160,9 @@ class Http1Pool:
                 return reader, writer
             writer.close()
         async with asyncio.timeout(self.connect_timeout):
-            return await asyncio.open_connection(self.host, self.port)
+            if self.tls is None:
+                return await asyncio.open_connection(self.host, self.port)
+            return await asyncio.open_connection(self.host, self.port, ssl=self.tls, server_hostname=self.host)
 
     async def _send(self, head: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         """Write the request, read the response's head."""

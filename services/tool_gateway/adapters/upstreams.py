@@ -143,10 +143,13 @@ class UpstreamManager:
     @staticmethod
     def _lean(conn: _Connection, client: Client, session: SessionTracker | None,
               stack: contextlib.AsyncExitStack) -> LeanHttpCaller | None:
-        """The lean caller of a plain-HTTP upstream (TLS ones are called through the SDK client)."""
-        if session is None or not conn.config.url.startswith("http://"):
+        """The lean caller of a Streamable HTTP upstream; over TLS it trusts what the SDK client's HTTP client
+        trusts (httpx2's context: its CAs, SSL_CERT_FILE/SSL_CERT_DIR)."""
+        url = conn.config.url
+        if session is None or not url.startswith(("http://", "https://")):
             return None
-        pool = Http1Pool(conn.config.url, conn.config.headers, connect_timeout=conn.config.timeout_seconds)
+        pool = Http1Pool(url, conn.config.headers, connect_timeout=conn.config.timeout_seconds,
+                         ssl_context=httpx2.create_ssl_context() if url.startswith("https://") else None)
         stack.push_async_callback(pool.aclose)
         return LeanHttpCaller(pool, client.protocol_version, session, client_info=CLIENT_INFO,
                               on_notice=lambda _method: conn.changed.set())

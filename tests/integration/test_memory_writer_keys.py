@@ -2,8 +2,8 @@
 
 Two key rings stand for two replicas. A write that holds a user's keys when a forget starts makes the
 forget wait, and what it wrote is deleted with the rest; a write that comes while a forget waits or runs
-is refused at once as Busy (retryable), and starts afresh, under new keys, when retried after it. A write
-holding a memory's row lock never deadlocks with a forget. Nothing is ever sealed under a destroyed key,
+tries for a moment (`hold_wait`), then is refused as Busy (retryable), and starts afresh, under new keys,
+when retried after it. A write holding a memory's row lock never deadlocks with a forget. Nothing is ever sealed under a destroyed key,
 and the tenant key can still be rotated.
 """
 
@@ -23,7 +23,7 @@ from libs.eventstore import EventStore
 from libs.outbox import Outbox
 from services.memory_writer.adapters.keys import KeyRing
 from services.memory_writer.adapters.postgres import PostgresUnitOfWork
-from services.memory_writer.domain import Layer, Source, WriteMemory
+from services.memory_writer.domain import Layer, Source, WriteMemory, WriteStatus
 from services.memory_writer.service_layer.handlers import (
     ForgetMemory,
     ForgetTenant,
@@ -60,7 +60,7 @@ class PausedAfterAdd(PostgresUnitOfWork):
 
 
 class PausedAfterFindingIdentical(PostgresUnitOfWork):
-    """A write whose content is already stored: it stops holding the stored memory's row lock."""
+    """A write whose content is already stored: it stops holding the stored memory's row lock (and its keys)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -80,7 +80,7 @@ class Replicas:
         self.rings = {"a": KeyRing(provider), "b": KeyRing(provider)}
 
     def uow(self, replica: str = "a", kind: type[PostgresUnitOfWork] = PostgresUnitOfWork) -> PostgresUnitOfWork:
-        return kind(self.db, self.store, self.outbox, self.rings[replica])
+        return kind(self.db, self.store, self.outbox, self.rings[replica], hold_wait=0.5)
 
     async def rows(self, query: str) -> list[tuple]:
         async with self.db.transaction("acme") as conn:
@@ -117,7 +117,7 @@ async def test_a_forget_waits_for_the_write_in_flight_and_deletes_what_it_wrote(
         else forget(ForgetMemory("acme", "u9", requested_by="u9"), replicas.uow()))
     await asyncio.sleep(0.3)
     assert not forgetting.done()  # it waits for the write in flight, which holds u9's key
-    with pytest.raises(Busy):  # a write that comes meanwhile is refused at once, never left waiting
+    with pytest.raises(Busy):  # a write that comes meanwhile is refused after hold_wait, never left waiting
         await write_memory(a_write("u9", f"and my pin is {PASSWORD}"), replicas.uow())
     if not whole_tenant:  # another user's writes go on
         await write_memory(a_write("u8", f"my password is {PASSWORD}"), replicas.uow())
@@ -161,9 +161,28 @@ async def test_a_write_holding_a_memorys_row_lock_never_deadlocks_with_a_forget(
         await merging.found.wait()  # it holds the stored memory's row, and no key yet
     forgetting = asyncio.create_task(forget(ForgetMemory("acme", "u9", requested_by="u9"), replicas.uow()))
     await asyncio.sleep(0.3)
-    merging.release.set()  # it now needs u9's key, which the forget holds: refused, and its row lock goes
+    assert not forgetting.done()  # the write took u9's keys first: the forget waits for it
+    merging.release.set()
     with anyio.fail_after(10):
-        with pytest.raises(Busy):
-            await writing
-        assert await forgetting == 1
+        assert (await writing).status is WriteStatus.MERGED
+        assert await forgetting == 1  # then deletes the memory it merged into
     assert await replicas.rows("SELECT 1 FROM memories") == []
+
+
+async def test_a_unit_entered_again_after_a_rollback_holds_its_keys_again(replicas: Replicas) -> None:
+    """The stream rerun of a batch enters its unit again, inside the consumer's transaction: the keys locks of
+    the attempt that rolled back went with its savepoint, and must be taken again, not assumed."""
+    await write_memory(a_write("u9", "an earlier note"), replicas.uow())
+    async with replicas.db.connection() as conn, conn.transaction():  # the consumer's transaction
+        unit = PostgresUnitOfWork(replicas.db, replicas.store, replicas.outbox, replicas.rings["b"], conn=conn,
+                                  hold_wait=0.2)
+        with pytest.raises(RuntimeError):
+            async with unit:
+                await unit.hold_keys("acme", ["u9"])
+                raise RuntimeError("the first attempt failed after taking u9's keys")
+        forgetting = replicas.uow()
+        async with forgetting:  # a forget of u9 now holds its keys
+            await forgetting.shred_user_key("acme", "u9")
+            with pytest.raises(Busy):
+                async with unit:  # the rerun
+                    await unit.hold_keys("acme", ["u9"])

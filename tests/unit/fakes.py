@@ -156,6 +156,9 @@ class FakeUnitOfWork:
         self.purged = (tenant_id, "*" if whole_tenant else user_id, tuple(memory_ids))
         return 0
 
+    async def hold_keys(self, tenant_id: str, user_ids: list[str]) -> None:
+        self.held = getattr(self, "held", []) + [(tenant_id, tuple(user_ids))]
+
     async def withhold_publication(self, tenant_id: str) -> None:
         self.withheld_after = len(self.events)  # how many events the unit had recorded by then
 

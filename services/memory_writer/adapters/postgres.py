@@ -6,10 +6,12 @@ SET LOCAL for the rest of the transaction; a call for another tenant is refused.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -53,6 +55,7 @@ from services.memory_writer.service_layer.unit_of_work import Lookups
 
 __all__ = ["PostgresUnitOfWork"]
 
+_HOLD_RETRY_S = 0.05
 _ON_CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 
 
@@ -70,7 +73,10 @@ class PostgresUnitOfWork:
     whose processed-event row must commit with the effect); otherwise it takes a pooled connection."""
 
     def __init__(self, db: Database, store: EventStore, outbox: Outbox, keys: KeyRing, *,
-                 conn: asyncpg.Connection | None = None, causation: Envelope | None = None) -> None:
+                 conn: asyncpg.Connection | None = None, causation: Envelope | None = None,
+                 hold_wait: float = 5.0) -> None:
+        """`hold_wait`: how long hold_keys tries while a forget holds the keys, before Busy."""
+        self.hold_wait = hold_wait
         self.db, self.store, self.outbox, self.keys = db, store, outbox, keys
         self._user_keys: dict[str, bytes] = {}  # this unit's user data keys; never kept beyond it
         self._sealed: dict[str, bytes] = {}
@@ -83,6 +89,12 @@ class PostgresUnitOfWork:
         self._cm = self._tx = None
 
     async def __aenter__(self) -> PostgresUnitOfWork:
+        # A unit may be entered again (a batch rerun write by write): nothing held or read in an attempt that
+        # rolled back is trusted (its keys locks went with it).
+        self._held.clear()
+        self._user_keys.clear()
+        self._sealed.clear()
+        self._search_key = None
         if self._outer is not None:
             self._conn = self._outer
         else:
@@ -113,18 +125,22 @@ class PostgresUnitOfWork:
             raise ValueError(f"this unit of work acts for tenant {self._tenant!r}, not {tenant_id!r}")
         return self._conn
 
-    async def _hold(self, tenant_id: str, user_ids: list[str]) -> None:
-        """Hold the tenant's keys, and these users', for the rest of the unit before using them (Busy, at once,
-        while a forget destroys them: see adapters/keys.py)."""
+    async def hold_keys(self, tenant_id: str, user_ids: list[str]) -> None:
         wanted = [lock for lock in [keys_lock(tenant_id), *(keys_lock(tenant_id, u) for u in user_ids)]
                   if lock not in self._held]
         if not wanted:
             return
-        if not await self.keys.hold(await self._as(tenant_id), wanted):
-            whose = f"user {user_ids[0]!r}" if len(user_ids) == 1 else f"tenant {tenant_id!r}"
-            raise Busy(f"the keys of {whose} are being destroyed: a forget is under way", field="tenant.user_id",
-                       hint="retry in a moment: the write then starts afresh, under new keys")
+        conn = await self._as(tenant_id)
+        deadline = time.monotonic() + self.hold_wait
+        # Never blocked on the lock itself (see adapters/keys.py); a forget is short: tried again meanwhile.
+        while not await self.keys.hold(conn, wanted):
+            if time.monotonic() >= deadline:
+                whose = f"user {user_ids[0]!r}" if len(user_ids) == 1 else f"tenant {tenant_id!r}"
+                raise Busy(f"the keys of {whose} are being destroyed: a forget is under way",
+                           field="tenant.user_id", hint="retry in a moment: the write then starts afresh, under new keys")
+            await asyncio.sleep(_HOLD_RETRY_S)
         self._held.update(wanted)
+
 
     async def _one(self, tenant_id: str, query: str, *args: object) -> MemoryRecord | None:
         row = await (await self._as(tenant_id)).fetchrow(query, *args)
@@ -133,7 +149,7 @@ class PostgresUnitOfWork:
     async def prefetch(self, tenant_id: str, lookups: Lookups) -> None:
         conn = await self._as(tenant_id)
         buffer = BatchBuffer(tenant_id)
-        await self._hold(tenant_id, sorted(lookups.sealing))  # first: before any lock a forget might wait for
+        await self.hold_keys(tenant_id, sorted(lookups.sealing))  # first: before any lock a forget might wait for
         await buffer.load(conn, lookups)
         if wanted := sorted(lookups.sealing - set(self._user_keys)):
             self._user_keys.update(await self.keys.user_keys(conn, tenant_id, wanted))
@@ -162,7 +178,7 @@ class PostgresUnitOfWork:
 
     async def _user_key(self, tenant_id: str, user_id: str, *, create: bool) -> bytes:
         if user_id not in self._user_keys:
-            await self._hold(tenant_id, [user_id])
+            await self.hold_keys(tenant_id, [user_id])
             self._user_keys[user_id] = await self.keys.user_key(await self._as(tenant_id), tenant_id, user_id,
                                                                 create=create)
         return self._user_keys[user_id]
@@ -258,7 +274,7 @@ class PostgresUnitOfWork:
 
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         if self._search_key is None:  # read once per unit (the search key outlives tenant key rotations)
-            await self._hold(tenant_id, [])
+            await self.hold_keys(tenant_id, [])
             self._search_key = await self.keys.search_key(await self._as(tenant_id), tenant_id)
         return keyed(self._search_key, value)
 
@@ -288,6 +304,7 @@ class PostgresUnitOfWork:
             # Rolled back: keys locks taken inside it went with it; hold (and read) keys again when needed.
             self._held.clear()
             self._user_keys.clear()
+            self._search_key = None
             raise
 
     async def entity_schemas(self, tenant_id: str, keys: set[str]) -> dict[str, dict]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from redis.exceptions import ResponseError
+
 from libs.events.bus import EventBus
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, dead_letter_stream
 from services.memory_writer.adapters.event_json import PERSONAL_EVENTS, SUBJECT_EVENTS
@@ -57,9 +59,15 @@ class RedisStreamCopies:
         pipe = (await self.bus.redis()).pipeline(transaction=False)
         for key in (self.events, self.commands):
             pipe.xinfo_stream(key)
-        infos = await pipe.execute(raise_on_error=False)
-        return {key: _text(info["last-generated-id"]) if isinstance(info, dict) else "0-0"
-                for key, info in zip((self.events, self.commands), infos, strict=True)}
+        marks = {}
+        for key, info in zip((self.events, self.commands), await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(info, ResponseError) and "no such key" in str(info).lower():
+                marks[key] = "0-0"
+            elif isinstance(info, Exception):  # (NOPERM, say) a purge without its mark would remove a new start
+                raise info
+            else:
+                marks[key] = _text(info["last-generated-id"])
+        return marks
 
     async def purge(self, tenant_id: str, user_id: str, memory_ids: list[str], *, whole_tenant: bool = False,
                     until: dict[str, str] | None = None) -> int:

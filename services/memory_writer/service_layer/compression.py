@@ -71,6 +71,7 @@ async def compress_session(cmd: CompressSession, uow: UnitOfWork, summarizer: Su
         raise ValidationFailed("is required", field="tenant.session_id", hint="name the session to compress")
     now = now or datetime.now(UTC)
     async with uow:
+        await uow.hold_keys(cmd.tenant_id, [cmd.user_id])  # first: a forget of the user waits for the summary
         records = await uow.uncovered_turns(cmd.tenant_id, cmd.user_id, cmd.session_id)
         turns = [Turn(r.memory_id, _role(r.tags), r.redacted if r.sensitive_kind else r.content) for r in records]
         trigger = should_compress(turns, cmd.triggers) or ("forced" if cmd.force and turns else "")

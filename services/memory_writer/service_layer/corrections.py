@@ -69,6 +69,9 @@ async def confirm(cmd: ConfirmMemory, uow: UnitOfWork, now: datetime | None = No
     now = now or datetime.now(UTC)
     async with uow:
         record = await uow.get(cmd.tenant_id, cmd.memory_id)
+        if record is not None:  # its user's keys first (a forget waits for this unit), then the memory again
+            await uow.hold_keys(cmd.tenant_id, [record.user_id])
+            record = await uow.get(cmd.tenant_id, cmd.memory_id)
         if record is None:
             raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
                            hint="check the id; forgotten and expired memories are gone")

@@ -38,7 +38,11 @@ async def list_quarantine(cmd: ListQuarantine, uow: UnitOfWork) -> list[MemoryRe
 
 
 async def _held(uow: UnitOfWork, tenant_id: str, memory_id: str) -> MemoryRecord:
+    """The quarantined memory, its user's keys held first (a forget waits for this unit), then read again."""
     record = await uow.get(tenant_id, memory_id)
+    if record is not None:
+        await uow.hold_keys(tenant_id, [record.user_id])
+        record = await uow.get(tenant_id, memory_id)
     if record is None or record.status is not Status.QUARANTINED:
         raise NotFound(f"no quarantined memory {memory_id} for this tenant", field="memory_id",
                        hint="list the quarantine with ListQuarantine; a released or dropped memory is no longer there")

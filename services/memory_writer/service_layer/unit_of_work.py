@@ -128,6 +128,11 @@ class UnitOfWork(Protocol):
         """Delete the outbox copies (published or not) of the memories of `user_id` (if given) or `memory_ids`,
         or (`whole_tenant`) of every memory of the tenant."""
         ...
+    async def hold_keys(self, tenant_id: str, user_ids: list[str]) -> None:
+        """Hold the tenant's keys, and these users', for the rest of the unit (the first thing a unit that will
+        seal does): a forget destroying them waits for the unit. While a forget holds them, tried for a few
+        seconds, then Busy (retryable)."""
+        ...
     async def withhold_publication(self, tenant_id: str) -> None:
         """Last in a unit that purged the outbox: wait until no relay is publishing rows it read before, and
         keep relays from reading until the unit ends, so every published copy of a purged row is on the stream

@@ -273,6 +273,7 @@ async def write_memory(cmd: WriteMemory, uow: UnitOfWork, *, on_behalf_of: str =
     rule overrides."""
     cmd = _owned(cmd, on_behalf_of)
     async with uow:
+        await uow.hold_keys(cmd.tenant_id, [cmd.user_id])  # first: a forget of the user waits for this write
         schemas = await uow.entity_schemas(cmd.tenant_id, {cmd.key} if cmd.key else set())
         policy = await tenant_rules(uow, cmd.tenant_id, policy)
         try:
@@ -317,6 +318,7 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
         except DomainError as exc:
             outcomes[i] = exc
     async with uow:
+        await uow.hold_keys(tenant_id, sorted({c.user_id for c in owned.values()}))  # first (see write_memory)
         schemas = await uow.entity_schemas(tenant_id, {c.key for c in owned.values() if c.key})
         policy = await tenant_rules(uow, tenant_id, policy)
         recent = _Recent(uow, now, policy)
@@ -328,6 +330,8 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
                     prepared[i] = await _prepared(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
                                                   policy)
                 except DomainError as exc:  # refused before anything of it was written
+                    if is_transient(exc):  # (Busy) the batch is retried, not this write failed
+                        raise
                     outcomes[i] = exc
                     del owned[i]
             await uow.prefetch(tenant_id, _lookups(list(prepared.values()), now))
@@ -340,6 +344,8 @@ async def _batch(cmds: Sequence[WriteMemory], uow: UnitOfWork, tenant_id: str, n
                     outcomes[i] = await _write_in(uow, cmd, now + timedelta(microseconds=i), schemas.get(cmd.key),
                                                   recent, prepared.get(i))
             except DomainError as exc:  # refused before anything of it was written
+                if is_transient(exc):  # (Busy) the batch is retried, not this write failed
+                    raise
                 outcomes[i] = exc
             except Exception as exc:  # noqa: BLE001 - classified: the batch retried, isolated, or this write's error
                 cause = exc.cause if isinstance(exc, _AfterWrite) else exc

@@ -20,7 +20,7 @@ import redis.exceptions
 from libs.events import Envelope
 from libs.events.bus import EventBus
 from libs.events.schema import MEMORY_COMMANDS, MEMORY_EVENTS, TOOL_EVENTS, dead_letter_stream
-from libs.protogen.mnemesh.v1 import events_pb2, memory_pb2
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
 from mnemesh.infra import free_port
 
 pytestmark = pytest.mark.integration
@@ -217,3 +217,89 @@ async def test_the_tool_gateway_keeps_its_shared_state_with_its_own_user_and_not
                     gateway.delete(TOOL_EVENTS), gateway.keys("*")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             await refused
+
+
+@pytest.fixture
+async def bare_schemas(database_url: str) -> AsyncIterator[str]:
+    """A database of its own whose schemas have the services' bare names (no namespace), as deployed: the
+    outbox fence keys of the ACL file name them."""
+    import uuid
+
+    import asyncpg
+
+    name = f"acl_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    parts = database_url.rsplit("/", 1)
+    yield f"{parts[0]}/{name}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.mark.parametrize(("service", "stream"), [
+    ("memory-writer", MEMORY_EVENTS), ("retriever", None), ("tool-gateway", TOOL_EVENTS),
+    ("orchestrator", "mnemesh.session.events"), ("adapter", None)])
+async def test_each_services_outbox_relay_leads_and_publishes_with_its_own_user(
+    acl_server: int, connect, bare_schemas: str, service: str, stream: str | None
+) -> None:
+    """Every service runs a relay (libs/runtime.py): it raises its fence when it leads and publishes its outbox
+    in fenced batches (Lua scripts), all under the service's own Redis user."""
+    from libs.db import Database, apply_migrations, load_migrations
+    from libs.outbox import Outbox, OutboxRelay
+
+    admin = await connect("admin")
+    schema = service.replace("-", "_")
+    await apply_migrations(bare_schemas, schema, load_migrations())
+    db = Database(bare_schemas, schema)
+    await db.open()
+    bus = EventBus(url(acl_server, service), consumer_name=f"{service}-1")
+    relay = OutboxRelay(Outbox(db), bus)
+    try:
+        if stream is not None:
+            async with db.transaction("acme") as conn:
+                await relay.outbox.add(conn, Envelope.wrap(events_pb2.MemoryWritten(), event_type="memory.written",
+                                                           tenant_id="acme"), stream=stream)
+        assert await relay.publish_pending() == (1 if stream else 0)
+        assert relay.term == 1 and int(await admin.get(f"mnemesh.outbox.fence.{schema}")) == 1
+        if stream is not None:
+            assert await admin.xlen(stream) == 1
+    finally:
+        await relay.resign()
+        await bus.stop()
+        await db.close()
+    assert await denials(admin, service) == []
+
+
+async def test_the_memory_writer_may_order_purge_and_lead_its_sweeper(acl_server: int, connect) -> None:
+    """Its batch consumer's Lua touch on the commands stream, Forget's purge of the streams and dead letters,
+    and the sweeper's lease."""
+    from libs.events.batches import _TOUCH
+    from libs.lease import RedisLease
+    from services.memory_writer.adapters.stream_copies import RedisStreamCopies
+
+    admin, producer, writer = await connect("admin"), await connect("producer"), await connect("memory-writer")
+    bus = EventBus(url(acl_server, "memory-writer"), consumer_name="mw-1")
+    try:
+        entry = await producer.xadd(MEMORY_COMMANDS, Envelope.wrap(memory_pb2.WriteMemoryRequest(
+            tenant=common_pb2.TenantContext(user_id="u1"), content="3 Pear Road"),
+            event_type="memory.write_requested", tenant_id="acme").to_fields())
+        await writer.xgroup_create(MEMORY_COMMANDS, "memory-writer", id="0")
+        await writer.xreadgroup("memory-writer", "mw-1", {MEMORY_COMMANDS: ">"})
+        assert await writer.eval(_TOUCH, 1, MEMORY_COMMANDS, "memory-writer", "mw-1", entry) == []
+        await bus.dead_letter(MEMORY_COMMANDS, {k.decode(): v.decode() for k, v in
+                                                (await admin.xrange(MEMORY_COMMANDS))[0][1].items()},
+                              {"error_type": "internal"}, entry_id=entry.decode())
+        copies = RedisStreamCopies(bus)
+        assert await copies.purge("acme", "u1", [], until=await copies.mark()) == 2
+        lease = RedisLease(writer, "mnemesh.memory-writer.sweeper", 10_000)
+        assert await lease.acquire()
+        await lease.release()
+    finally:
+        await bus.stop()
+    assert await denials(admin, "memory-writer") == []

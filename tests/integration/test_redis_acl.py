@@ -303,3 +303,59 @@ async def test_the_memory_writer_may_order_purge_and_lead_its_sweeper(acl_server
     finally:
         await bus.stop()
     assert await denials(admin, "memory-writer") == []
+
+
+@pytest.mark.timeout(300)
+async def test_the_mesh_serves_with_each_service_as_its_own_redis_user(
+    acl_server: int, connect, bare_schemas: str, tmp_path: Path
+) -> None:
+    """As docker-compose runs it: five `mnemesh serve` processes, each with the REDIS_URL of its own user. A
+    write and a sensitive one, a search, a tool call through the gateway, a session message and a forget all
+    work, and Redis denies nothing."""
+    import os
+    import sys
+
+    from mnemesh.supervisor import check_health
+
+    admin = await connect("admin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMESH_") and k not in ("REDIS_URL", "QDRANT_URL")}
+    env |= {"DATABASE_URL": bare_schemas, "MNEMESH_DEV_MODE": "true", "MNEMESH_DATA_DIR": str(tmp_path),
+            "MNEMESH_JWT_SECRET": "acl-mesh-secret-0123456789abcdefghijkl", "MNEMESH_MCP_HTTP_PORT": str(free_port()),
+            "MNEMESH_ORCHESTRATOR_HTTP_PORT": str(free_port()), "MNEMESH_OUTBOX_POLL_SECONDS": "0.2"}
+    services = ["memory-writer", "retriever", "tool-gateway", "adapter", "orchestrator"]
+    for service in services:
+        key = service.upper().replace("-", "_")
+        env[f"MNEMESH_{key}_GRPC_PORT"], env[f"MNEMESH_{key}_METRICS_PORT"] = str(free_port()), "0"
+    logs = [(tmp_path / f"{service}.log").open("wb") for service in services]
+    processes = [subprocess.Popen([sys.executable, "-m", "mnemesh", "serve", service],
+                                  env=env | {"REDIS_URL": url(acl_server, service)}, stdout=log,
+                                  stderr=subprocess.STDOUT) for service, log in zip(services, logs, strict=True)]
+
+    async def cli(*args: str) -> str:
+        proc = await anyio.run_process([sys.executable, "-m", "mnemesh", *args, "--tenant", "acme", "--user", "u1"],
+                                       env=env, check=False)
+        assert proc.returncode == 0, (args, proc.stderr.decode()[-2000:])
+        return proc.stdout.decode()
+
+    try:
+        with anyio.fail_after(120):
+            for service in services:
+                key = service.upper().replace("-", "_")
+                while not await check_health(f"127.0.0.1:{env[f'MNEMESH_{key}_GRPC_PORT']}"):
+                    assert all(p.poll() is None for p in processes), (tmp_path / f"{service}.log").read_text()[-3000:]
+                    await anyio.sleep(0.2)
+        assert "(stored)" in await cli("memory", "write", "I prefer window seats; 我喜欢绿茶")
+        assert "(stored)" in await cli("memory", "write", "my bank password is Tr0ub4dor-zebra")
+        with anyio.fail_after(30):  # the relay published, the retriever indexed
+            while "window seats" not in await cli("memory", "search", "window seats"):
+                await anyio.sleep(0.3)
+        assert "window seats" in await cli("tools", "call", "memory.recall", "--args", '{"query": "window seats"}')
+        assert "version" in await cli("session", "send", "s1", "hello, book me a flight")
+        assert "forgot 2 memories" in await cli("memory", "forget")
+    finally:
+        for process in processes:
+            process.terminate()
+        for process, log in zip(processes, logs, strict=True):
+            process.wait(20)
+            log.close()
+    assert [e for e in await admin.acl_log() if e["object"] != "client"] == []

@@ -164,21 +164,29 @@ async def test_resource_subscriptions_round_trip(two_processes: tuple[Gateway, l
     assert "no resource fixture://nothing-here" in unknown.value.error.message
 
 
+@contextlib.asynccontextmanager
+async def gateways_federating(redis_url: str, database_url: str, tmp_path: Path, upstream: dict,
+                              **env: str) -> AsyncIterator[tuple[Gateway, list[int]]]:
+    """Two gateway processes federating `upstream` (an entry of the upstreams file), with `env` added."""
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"upstreams": [upstream]}))
+    first = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
+    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
+    try:
+        async with (gateway_process(first, "first", tmp_path, **env), gateway_process(second, "second", tmp_path, **env)):
+            yield Gateway(first, asyncio.Event(), None), [first.mcp_http_port, second.mcp_http_port]  # type: ignore[arg-type]
+    finally:
+        await test_mcp.drop_namespace(first)
+
+
 @pytest.fixture
 async def legacy_upstream(redis_url: str, database_url: str, tmp_path,
                           http_upstream: str) -> AsyncIterator[tuple[Gateway, list[int]]]:  # noqa: F811
     """Two gateway processes federating the upstream over the 2025-11-25 handshake (`"mode": "legacy"`)."""
     await wait_answers(http_upstream)
-    config = tmp_path / "upstreams.json"
-    config.write_text(json.dumps({"upstreams": [{"name": "old", "url": http_upstream, "prefix": "old",
-                                                 "mode": "legacy"}]}))
-    first = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
-    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
-    try:
-        async with (gateway_process(first, "first", tmp_path), gateway_process(second, "second", tmp_path)):
-            yield Gateway(first, asyncio.Event(), None), [first.mcp_http_port, second.mcp_http_port]  # type: ignore[arg-type]
-    finally:
-        await test_mcp.drop_namespace(first)
+    async with gateways_federating(redis_url, database_url, tmp_path, {"name": "old", "url": http_upstream,
+                                                                       "prefix": "old", "mode": "legacy"}) as two:
+        yield two
 
 
 async def test_a_2025_era_upstream_asks_on_the_calls_stream_and_hears_the_answer(
@@ -307,26 +315,14 @@ async def tls_upstream(redis_url: str, database_url: str, tmp_path) -> AsyncIter
     upstream = subprocess.Popen([sys.executable, FIXTURE, "https", str(port), str(certificate), str(key)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"https://127.0.0.1:{port}/mcp"
-    config = tmp_path / "upstreams.json"
-    config.write_text(json.dumps({"upstreams": [{"name": "secure", "url": url, "prefix": "tls"}]}))
-    first = gateway_settings(redis_url, database_url, tmp_path, tool_upstreams_file=str(config))
-    second = first.model_copy(update={"tool_gateway_grpc_port": free_port(), "mcp_http_port": free_port()})
     try:
-        async with httpx2.AsyncClient(verify=ssl.create_default_context(cafile=str(ca)), timeout=2) as http:
-            with anyio.fail_after(30):
-                while True:
-                    try:
-                        await http.get(url)
-                        break
-                    except httpx2.TransportError:
-                        await anyio.sleep(0.1)
-        async with (gateway_process(first, "first", tmp_path, SSL_CERT_FILE=str(ca)),
-                    gateway_process(second, "second", tmp_path, SSL_CERT_FILE=str(ca))):
-            yield Gateway(first, asyncio.Event(), None), [first.mcp_http_port, second.mcp_http_port]  # type: ignore[arg-type]
+        await wait_answers(url, verify=ssl.create_default_context(cafile=str(ca)))
+        async with gateways_federating(redis_url, database_url, tmp_path, {"name": "secure", "url": url,
+                                                                           "prefix": "tls"}, SSL_CERT_FILE=str(ca)) as two:
+            yield two
     finally:
         upstream.terminate()
         upstream.wait(10)
-        await test_mcp.drop_namespace(first)
 
 
 async def test_a_tls_upstream_is_called_lean_and_relays_sampling_elicitation_and_logs(

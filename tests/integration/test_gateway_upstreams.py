@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -47,8 +48,8 @@ def http_upstream() -> Iterator[str]:
         process.wait(10)
 
 
-async def wait_answers(url: str) -> None:
-    async with httpx2.AsyncClient(timeout=2) as http:
+async def wait_answers(url: str, verify: ssl.SSLContext | bool = True) -> None:
+    async with httpx2.AsyncClient(timeout=2, verify=verify) as http:
         with anyio.fail_after(30):
             while True:
                 try:

@@ -265,7 +265,7 @@ class BusyKeys(FakeUnitOfWork):
     async def keyed_hash(self, tenant_id: str, value: str) -> str:
         from libs.errors import Busy
 
-        raise Busy("the keys of tenant 'acme' are being destroyed: a forget is under way", field="tenant.user_id")
+        raise Busy("a forget is destroying keys of tenant 'acme' that this write needs", field="tenant.user_id")
 
 
 async def test_a_batch_meeting_a_forget_is_retried_whole_not_failed_write_by_write(db) -> None:

@@ -9,9 +9,9 @@ key made for the tenant afterwards has a version no replica has cached.
 Keys in use: a unit of work that is about to use a tenant's keys takes, without waiting, a shared
 advisory lock on them (`hold`: the tenant's, and each user's it seals for); destroying keys takes the
 lock exclusively first, waiting for the units in flight. So a forget waits for the writes that hold the
-keys it destroys (and then deletes what they wrote), a write that comes while a forget waits or runs is
-refused at once as Busy (retried: it then starts afresh, under a new key), and nothing is ever sealed
-under a destroyed key. A unit never waits for a keys lock while holding others, so these locks cannot
+keys it destroys (and then deletes what they wrote), a write that comes while a forget waits or runs
+tries again for a moment, then is refused as Busy (retried later, it starts afresh, under a new key),
+and nothing is ever sealed under a destroyed key. A unit never waits for a keys lock while holding others, so these locks cannot
 deadlock, and a waiting forget is never starved (a shared request yields to a waiting exclusive one).
 """
 

@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from libs.crypto import open_sealed, seal
-from libs.errors import Busy
 from libs.db import Database, act_as, rowcount
+from libs.errors import Busy
 from libs.events import Envelope
 from libs.eventstore import EventStore
 from libs.outbox import Outbox
@@ -76,8 +76,8 @@ class PostgresUnitOfWork:
                  conn: asyncpg.Connection | None = None, causation: Envelope | None = None,
                  hold_wait: float = 5.0) -> None:
         """`hold_wait`: how long hold_keys tries while a forget holds the keys, before Busy."""
-        self.hold_wait = hold_wait
         self.db, self.store, self.outbox, self.keys = db, store, outbox, keys
+        self.hold_wait = hold_wait
         self._user_keys: dict[str, bytes] = {}  # this unit's user data keys; never kept beyond it
         self._sealed: dict[str, bytes] = {}
         self._search_key: bytes | None = None
@@ -135,12 +135,11 @@ class PostgresUnitOfWork:
         # Never blocked on the lock itself (see adapters/keys.py); a forget is short: tried again meanwhile.
         while not await self.keys.hold(conn, wanted):
             if time.monotonic() >= deadline:
-                whose = f"user {user_ids[0]!r}" if len(user_ids) == 1 else f"tenant {tenant_id!r}"
-                raise Busy(f"the keys of {whose} are being destroyed: a forget is under way",
-                           field="tenant.user_id", hint="retry in a moment: the write then starts afresh, under new keys")
+                whose = f"tenant {tenant_id!r}" + (f" (user {user_ids[0]!r})" if len(user_ids) == 1 else "")
+                raise Busy(f"a forget is destroying keys of {whose} that this write needs", field="tenant.user_id",
+                           hint="retry in a moment: the write then starts afresh, under new keys")
             await asyncio.sleep(_HOLD_RETRY_S)
         self._held.update(wanted)
-
 
     async def _one(self, tenant_id: str, query: str, *args: object) -> MemoryRecord | None:
         row = await (await self._as(tenant_id)).fetchrow(query, *args)

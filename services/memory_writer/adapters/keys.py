@@ -39,6 +39,8 @@ _LIVE_KEYS = ("SELECT u.user_id, u.wrapped, u.tenant_version FROM user_keys u JO
               " WHERE u.tenant_id = $1 AND t.wrapped IS NOT NULL")
 _TRY_SHARED = ("SELECT coalesce(bool_and(pg_try_advisory_xact_lock_shared(hashtext(k))), true)"
                " FROM (SELECT k FROM unnest($1::text[]) AS k ORDER BY k) s")
+# The same as a unit's first statement, which also states its tenant (libs.db.act_as): one round trip.
+_ACT_AND_HOLD = f"SELECT set_config('mnemesh.tenant_id', $2, true), ({_TRY_SHARED})"
 
 
 def keys_lock(tenant_id: str, user_id: str = "") -> str:
@@ -141,9 +143,12 @@ class KeyRing:
         return key
 
     @staticmethod
-    async def hold(conn: asyncpg.Connection, locks: list[str]) -> bool:
+    async def hold(conn: asyncpg.Connection, locks: list[str], *, acting_as: str = "") -> bool:
         """Take these keys locks (keys_lock) shared for the rest of the transaction, without waiting; False when
-        one is taken or awaited exclusively (its keys are being destroyed)."""
+        one is taken or awaited exclusively (its keys are being destroyed). `acting_as`: also state the
+        transaction's tenant, in the same statement."""
+        if acting_as:
+            return (await conn.fetchrow(_ACT_AND_HOLD, locks, acting_as))[1]
         return await conn.fetchval(_TRY_SHARED, locks)
 
     async def shred(self, conn: asyncpg.Connection, tenant_id: str, user_id: str) -> bool:

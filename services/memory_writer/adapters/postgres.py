@@ -95,6 +95,7 @@ class PostgresUnitOfWork:
         self._user_keys.clear()
         self._sealed.clear()
         self._search_key = None
+        self._tenant = None  # stated again in this transaction (or savepoint)
         if self._outer is not None:
             self._conn = self._outer
         else:
@@ -130,15 +131,21 @@ class PostgresUnitOfWork:
                   if lock not in self._held]
         if not wanted:
             return
-        conn = await self._as(tenant_id)
+        assert self._conn is not None, "use the unit of work in `async with`"
+        if self._tenant is None:  # the unit's first statement: it states the tenant too (see _as)
+            held = await self.keys.hold(self._conn, wanted, acting_as=tenant_id)
+            self._tenant = tenant_id
+        else:
+            held = await self.keys.hold(await self._as(tenant_id), wanted)
         deadline = time.monotonic() + self.hold_wait
         # Never blocked on the lock itself (see adapters/keys.py); a forget is short: tried again meanwhile.
-        while not await self.keys.hold(conn, wanted):
+        while not held:
             if time.monotonic() >= deadline:
                 whose = f"tenant {tenant_id!r}" + (f" (user {user_ids[0]!r})" if len(user_ids) == 1 else "")
                 raise Busy(f"a forget is destroying keys of {whose} that this write needs", field="tenant.user_id",
                            hint="retry in a moment: the write then starts afresh, under new keys")
             await asyncio.sleep(_HOLD_RETRY_S)
+            held = await self.keys.hold(self._conn, wanted)
         self._held.update(wanted)
 
     async def _one(self, tenant_id: str, query: str, *args: object) -> MemoryRecord | None:

@@ -219,15 +219,9 @@ async def test_the_lean_pool_speaks_tls_and_checks_the_certificate(tmp_path: Pat
     by_name = Http1Pool(f"https://localhost:{port}/mcp", ssl_context=ssl.create_default_context(cafile=str(ca)))
     stranger = Http1Pool(f"https://127.0.0.1:{port}/mcp", ssl_context=ssl.create_default_context())
     try:
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    async with trusting.post(body, headers) as response:
-                        answer = json.loads(await response.read())
-                    break
-                except OSError:  # not listening yet
-                    await anyio.sleep(0.1)
-        assert answer["result"]["structuredContent"] == {"echo": "tls"}
+        await wait_answers(f"https://127.0.0.1:{port}/mcp", verify=ssl.create_default_context(cafile=str(ca)))
+        async with trusting.post(body, headers) as response:
+            assert json.loads(await response.read())["result"]["structuredContent"] == {"echo": "tls"}
         async with by_name.post(body, headers) as response:  # the host name is checked against the certificate
             assert json.loads(await response.read())["result"]["structuredContent"] == {"echo": "tls"}
         with pytest.raises(ssl.SSLCertVerificationError):  # a certificate of a CA the context does not trust

@@ -155,7 +155,8 @@ class PostgresUnitOfWork:
     async def prefetch(self, tenant_id: str, lookups: Lookups) -> None:
         conn = await self._as(tenant_id)
         buffer = BatchBuffer(tenant_id)
-        await self.hold_keys(tenant_id, sorted(lookups.sealing))  # first: before any lock a forget might wait for
+        # Held already when the handler held its users first (writes._batch): then no statement at all.
+        await self.hold_keys(tenant_id, sorted(lookups.sealing))
         await buffer.load(conn, lookups)
         if wanted := sorted(lookups.sealing - set(self._user_keys)):
             self._user_keys.update(await self.keys.user_keys(conn, tenant_id, wanted))

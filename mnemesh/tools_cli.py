@@ -1,4 +1,4 @@
-"""`mnemesh tools call|task|stats|canary|promote|rollback|remove|upstream ...`: calls and the tool-gateway's
+"""`mnemesh tools call|task|tasks|stats|canary|promote|rollback|remove|upstream ...`: calls and the tool-gateway's
 administration.
 
 Every command prints a line per item, or with --json the reply as one JSON line.
@@ -45,6 +45,11 @@ def _call(r: tools_pb2.CallToolResponse) -> list[str]:
 def _task(r: tools_pb2.GetTaskResponse) -> list[str]:
     lines = [f"task {r.task_id} ({r.tool}): {r.state} — {r.status_message} (updated {r.updated_at})"]
     return lines + (_call(r.call) if r.HasField("call") else [])
+
+
+def _tasks(r: tools_pb2.ListTasksResponse) -> list[str]:
+    lines = [f"task {t.task_id} ({t.tool}): {t.state} — {t.status_message} (started {t.created_at})" for t in r.tasks]
+    return (lines or ["no tasks"]) + ([f"more: mnemesh tools tasks --cursor {r.next_cursor}"] if r.next_cursor else [])
 
 
 def _arguments(text: str) -> dict:
@@ -95,6 +100,10 @@ def add_tools_commands(tools, settings_of, run, identity) -> None:
                lambda ns: (cancel_task if ns.cancel else get_task)(ns))
     p.add_argument("task_id")
     p.add_argument("--cancel", action="store_true", help="cancel the task, whichever replica runs it")
+    p = parser(tools, "tasks", "your calls run as tasks, oldest first, a page at a time", rpc(
+        "ListTasks", lambda ns: tools_pb2.ListTasksRequest(cursor=ns.cursor, limit=ns.limit), _tasks))
+    p.add_argument("--cursor", default="", help="go on from the page that printed this cursor")
+    p.add_argument("--limit", type=int, default=0, help="tasks per page, 1-50 (default 50)")
     p = parser(tools, "stats", "how tools have fared (procedural memory)", rpc(
         "ToolStats", lambda ns: tools_pb2.ToolStatsRequest(name=ns.name, context=ns.context),
         lambda r: [f"{s.name}: {s.note or 'no calls yet'}" for s in r.stats] or ["no experience yet"]))

@@ -111,6 +111,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.GetCallRequest": {**_TENANT, "call_id": _ident(128)},
     "mnemesh.v1.GetTaskRequest": {**_TENANT, "task_id": _ident(128)},
     "mnemesh.v1.CancelTaskRequest": {**_TENANT, "task_id": _ident(128)},
+    "mnemesh.v1.ListTasksRequest": {**_TENANT, "cursor": _ident(64)},
     "mnemesh.v1.ToolStatsRequest": {**_TENANT, "name": _ident(128), "context": _ident(128)},
     "mnemesh.v1.SetCanaryRequest": {"name": _ident(128), "version": _ident(32), "callers": _ident(128, items=100)},
     "mnemesh.v1.PromoteRequest": {"name": _ident(128)},

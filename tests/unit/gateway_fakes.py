@@ -14,7 +14,7 @@ from services.tool_gateway.domain.rollout import ArmCounts
 from services.tool_gateway.service_layer.pipeline import CallPolicy, CallPorts
 
 __all__ = ["Clock", "FakeBackends", "FakeBreakers", "FakeCallLog", "FakeCanaries", "FakeChains", "FakeLimiter",
-           "FakeResults", "fake_ports"]
+           "FakeResults", "FakeTasks", "fake_ports"]
 
 
 @dataclass
@@ -171,6 +171,50 @@ class FakeChains:
     async def release(self, tenant_id: str, subject: str, chain_id: str, key: str, owner: str) -> None:
         if self.held.get((tenant_id, subject, chain_id, key)) == owner:
             del self.held[(tenant_id, subject, chain_id, key)]
+
+
+class FakeTasks:
+    """The task store (RedisTaskStore) in memory; `listed` keeps each caller's tasks in the order begun."""
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[str, str], dict] = {}
+        self.leases: set[tuple[str, str]] = set()
+        self.listed: dict[tuple[str, str], list[str]] = {}
+
+    async def save(self, tenant_id: str, task_id: str, state: dict) -> None:
+        self.saved[tenant_id, task_id] = state
+
+    async def load(self, tenant_id: str, task_id: str) -> dict | None:
+        return self.saved.get((tenant_id, task_id))
+
+    async def begin(self, tenant_id: str, task_id: str, state: dict, lease_seconds: float, max_working: int) -> int:
+        working = sum(1 for (t, i), st in self.saved.items() if t == tenant_id and st["caller"] == state["caller"]
+                      and st["state"] == "working" and (t, i) in self.leases)
+        if working >= max_working:
+            return -working
+        self.saved[tenant_id, task_id] = state
+        self.leases.add((tenant_id, task_id))
+        self.listed.setdefault((tenant_id, state["caller"]), []).append(task_id)
+        return working + 1
+
+    async def end(self, tenant_id: str, task_id: str, state: dict) -> bool:
+        held = self.saved.get((tenant_id, task_id))
+        if held is None or held["state"] != "working":
+            return False
+        self.saved[tenant_id, task_id] = state
+        return True
+
+    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
+        self.leases.add((tenant_id, task_id))
+
+    async def held(self, tenant_id: str, task_id: str) -> bool:
+        return (tenant_id, task_id) in self.leases
+
+    async def list(self, tenant_id: str, subject: str, after: str, limit: int) -> tuple[list[dict], str]:
+        cursors = [f"{k:013d}:{task_id}" for k, task_id in enumerate(self.listed.get((tenant_id, subject), []))]
+        page = [c for c in cursors if c > after][:limit]
+        states = [self.saved[tenant_id, c.partition(":")[2]] for c in page]
+        return states, (page[-1] if len(page) == limit else "")
 
 
 def fake_ports(**policy: Any) -> CallPorts:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import mcp_types as types
 import pytest
-from gateway_fakes import fake_ports
+from gateway_fakes import FakeTasks, fake_ports
 from mcp.shared.exceptions import MCPError
 
 from libs.auth import Principal
@@ -302,43 +302,9 @@ async def test_a_cancelled_call_is_audited_as_cancelled() -> None:
         ("slow.job", "cancelled", "cancelled", "c-5")
 
 
-class MemoryTasks:
-    def __init__(self) -> None:
-        self.saved: dict[tuple[str, str], dict] = {}
-        self.leases: set[tuple[str, str]] = set()
-
-    async def save(self, tenant_id: str, task_id: str, state: dict) -> None:
-        self.saved[tenant_id, task_id] = state
-
-    async def load(self, tenant_id: str, task_id: str) -> dict | None:
-        return self.saved.get((tenant_id, task_id))
-
-    async def begin(self, tenant_id: str, task_id: str, state: dict, lease_seconds: float, max_working: int) -> int:
-        working = sum(1 for (t, i), st in self.saved.items() if t == tenant_id and st["caller"] == state["caller"]
-                      and st["state"] == "working" and (t, i) in self.leases)
-        if working >= max_working:
-            return -working
-        self.saved[tenant_id, task_id] = state
-        self.leases.add((tenant_id, task_id))
-        return working + 1
-
-    async def end(self, tenant_id: str, task_id: str, state: dict) -> bool:
-        held = self.saved.get((tenant_id, task_id))
-        if held is None or held["state"] != "working":
-            return False
-        self.saved[tenant_id, task_id] = state
-        return True
-
-    async def hold(self, tenant_id: str, subject: str, task_id: str, seconds: float) -> None:
-        self.leases.add((tenant_id, task_id))
-
-    async def held(self, tenant_id: str, task_id: str) -> bool:
-        return (tenant_id, task_id) in self.leases
-
-
 async def test_a_task_answers_working_then_completed_with_the_calls_outcome() -> None:
     ports, release = await slow_job()
-    runner = TaskRunner(ports, MemoryTasks())
+    runner = TaskRunner(ports, FakeTasks())
     started = await runner.start(call("slow.job"))
     assert (await runner.get(AGENT, started["task_id"]))["state"] == "working"
     release.set()
@@ -352,7 +318,7 @@ async def test_a_task_answers_working_then_completed_with_the_calls_outcome() ->
 async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_its_call_is_audited() -> None:
     ports = await ports_with(spec("slow.job", timeout_seconds=30))
     ports.backends.behaviours["slow.job"] = hanging()
-    runner = TaskRunner(ports, MemoryTasks())
+    runner = TaskRunner(ports, FakeTasks())
     started = await runner.start(call("slow.job"))
     await asyncio.sleep(0.05)
     await runner.close()
@@ -363,7 +329,7 @@ async def test_a_task_still_running_when_the_runner_closes_ends_cancelled_and_it
 async def test_a_working_task_whose_lease_lapsed_answers_failed_as_lost() -> None:
     ports = await ports_with(spec("slow.job", timeout_seconds=30))
     ports.backends.behaviours["slow.job"] = hanging()
-    store = MemoryTasks()
+    store = FakeTasks()
     runner = TaskRunner(ports, store)
     started = await runner.start(call("slow.job"))
     assert (await runner.get(AGENT, started["task_id"]))["state"] == "working"
@@ -376,7 +342,7 @@ async def test_a_working_task_whose_lease_lapsed_answers_failed_as_lost() -> Non
 async def test_a_cancelled_task_ends_cancelled_and_cannot_be_cancelled_again() -> None:
     ports = await ports_with(spec("slow.job", timeout_seconds=30))
     ports.backends.behaviours["slow.job"] = hanging()
-    runner = TaskRunner(ports, MemoryTasks())
+    runner = TaskRunner(ports, FakeTasks())
     started = await runner.start(call("slow.job"))
     await asyncio.sleep(0.05)
     cancelled = await runner.cancel_task(AGENT, started["task_id"])
@@ -390,7 +356,7 @@ async def test_a_cancelled_task_ends_cancelled_and_cannot_be_cancelled_again() -
 async def test_a_task_is_its_callers_another_user_of_the_tenant_or_a_token_without_tools_call_cannot_see_it() -> None:
     ports = await ports_with(spec("slow.job", timeout_seconds=30))
     ports.backends.behaviours["slow.job"] = hanging()
-    runner = TaskRunner(ports, MemoryTasks())
+    runner = TaskRunner(ports, FakeTasks())
     task_id = (await runner.start(call("slow.job")))["task_id"]
     for stranger in (replace(AGENT, subject="agent-2"), replace(AGENT, scopes=frozenset({"tools:read"}))):
         for ask in (runner.get(stranger, task_id), runner.wait(stranger, task_id, timeout_seconds=0),
@@ -406,7 +372,7 @@ async def test_a_task_is_its_callers_another_user_of_the_tenant_or_a_token_witho
 
 @pytest.mark.parametrize("task_id", ["", "x" * 32, "ABCDEF" + "0" * 26, "0" * 31, "0" * 32 + ".lease", "../0"])
 async def test_a_task_id_that_is_not_one_is_refused_naming_the_field(task_id: str) -> None:
-    runner = TaskRunner(await ports_with(), MemoryTasks())
+    runner = TaskRunner(await ports_with(), FakeTasks())
     with pytest.raises(ValidationFailed) as refused:
         await runner.get(AGENT, task_id)
     assert refused.value.field == "task_id"
@@ -414,7 +380,7 @@ async def test_a_task_id_that_is_not_one_is_refused_naming_the_field(task_id: st
 
 async def test_a_task_answered_lost_stays_failed_when_its_replica_ends_it_later() -> None:
     ports, release = await slow_job()
-    store = MemoryTasks()
+    store = FakeTasks()
     runner = TaskRunner(ports, store)
     task_id = (await runner.start(call("slow.job")))["task_id"]
     store.leases.clear()  # the lease lapsed (the replica was cut off from Redis for a while)
@@ -429,7 +395,7 @@ async def test_a_task_answered_lost_stays_failed_when_its_replica_ends_it_later(
 async def test_a_task_call_refused_before_its_backend_is_refused_at_once_with_no_task_made() -> None:
     ports = await ports_with(spec("slow.job", input_schema={"type": "object", "required": ["month"]}),
                              spec("admin.job", scopes=("ops:run",)))
-    store = MemoryTasks()
+    store = FakeTasks()
     runner = TaskRunner(ports, store)
     for refused_call, error_type in ((call("no.such"), "not_found"), (call("slow.job", {}), "validation"),
                                      (call("admin.job", {}), "permission_denied")):
@@ -447,7 +413,7 @@ async def test_a_task_call_refused_before_its_backend_is_refused_at_once_with_no
 async def test_a_caller_may_have_so_many_working_tasks_at_once_others_are_not_counted() -> None:
     ports = await ports_with(spec("slow.job", timeout_seconds=30))
     ports.backends.behaviours["slow.job"] = hanging()
-    store = MemoryTasks()
+    store = FakeTasks()
     runner = TaskRunner(ports, store, max_working_per_caller=2)
     first = await runner.start(call("slow.job"))
     await runner.start(call("slow.job"))
@@ -477,7 +443,7 @@ def test_an_mcp_chain_id_that_grpc_takes_is_taken_too() -> None:
 
 
 async def test_a_malformed_task_call_is_refused_with_a_structured_error_naming_the_field() -> None:
-    middleware = TaskMiddleware(TaskRunner(await ports_with(), MemoryTasks()), lambda ctx: AGENT, chain_id_of,
+    middleware = TaskMiddleware(TaskRunner(await ports_with(), FakeTasks()), lambda ctx: AGENT, chain_id_of,
                                 lambda error: None)
     ctx = SimpleNamespace(method="tools/call", protocol_version="2025-11-25",
                           params={"name": "trip.quote", "arguments": ["not", "an", "object"], "task": {"ttl": 1000}})

@@ -31,7 +31,8 @@ REQUESTS = [memory_pb2.WriteMemoryRequest, memory_pb2.WriteBatchRequest, memory_
             sessions_pb2.GetSessionRequest, tools_pb2.RegisterToolRequest, tools_pb2.ListToolsRequest,
             tools_pb2.CallToolRequest, tools_pb2.ListBackendsRequest, tools_pb2.InvokeRequest,
             tools_pb2.ImportWsdlRequest, tools_pb2.DescribeRequest, tools_pb2.DropRequest,
-            tools_pb2.RemoveToolRequest, tools_pb2.GetCallRequest, tools_pb2.GetTaskRequest, tools_pb2.CancelTaskRequest, tools_pb2.ToolStatsRequest,
+            tools_pb2.RemoveToolRequest, tools_pb2.GetCallRequest, tools_pb2.GetTaskRequest, tools_pb2.CancelTaskRequest, tools_pb2.ListTasksRequest,
+            tools_pb2.ToolStatsRequest,
             tools_pb2.SetCanaryRequest, tools_pb2.PromoteRequest, tools_pb2.RollbackRequest,
             tools_pb2.AddUpstreamRequest, tools_pb2.RemoveUpstreamRequest, tools_pb2.ListUpstreamsRequest]
 _WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Struct")

@@ -3,7 +3,7 @@
 A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
 as JSON; the hash expires a TTL after its last step. A step running now is one more key (SET NX with
 the call id, expiring after the call's longest run), deleted by that call when it ends. A task is one JSON string per (tenant, task
-id) with its own TTL. Every key is built by `KeyedStore.tenant_key` (a separator no tenant id holds).
+id) with its own TTL, listed in its caller's sorted set of tasks. Every key is built by `KeyedStore.tenant_key` (a separator no tenant id holds).
 """
 
 from __future__ import annotations
@@ -50,7 +50,12 @@ local function live_at_least(key, ms)
   if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
 end
 """
-# KEYS: the task, its lease, the caller's working set; ARGV: state JSON, TTL ms, lease ms, most working, task id.
+# A caller's tasks, for listing: a sorted set per (tenant, subject) whose members, all of score 0, are
+# "<creation ms, 13 digits>:<task id>", so that they sort (by ZRANGEBYLEX) oldest first and a member is a stable
+# cursor. A member whose task expired is removed when a listing meets it; members older than two TTLs (no task
+# runs that long) are trimmed when the caller starts another.
+# KEYS: the task, its lease, the caller's working set, the caller's tasks; ARGV: state JSON, TTL ms, lease ms,
+# most working, task id.
 _BEGIN_TASK = _NOW_MS + """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local working = redis.call('ZCARD', KEYS[3])
@@ -59,6 +64,9 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[5])
 live_at_least(KEYS[3], ARGV[3])
+redis.call('ZREMRANGEBYLEX', KEYS[4], '-', '(' .. string.format('%013d', math.max(0, now - 2 * tonumber(ARGV[2]))))
+redis.call('ZADD', KEYS[4], 0, string.format('%013d:%s', now, ARGV[5]))
+redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[2]))
 return working + 1
 """
 # KEYS: the lease, the caller's working set; ARGV: lease ms, task id.
@@ -137,11 +145,14 @@ class RedisTaskStore(KeyedStore):
     def _working(self, tenant_id: str, subject: str) -> str:
         return self.tenant_key(tenant_id, "working", subject)
 
+    def _listed(self, tenant_id: str, subject: str) -> str:
+        return self.tenant_key(tenant_id, "listed", subject)
+
     async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
                     max_working: int) -> int:
         kept = int(await self.run_script(
             _BEGIN_TASK, [self.tenant_key(tenant_id, task_id), self.tenant_key(tenant_id, task_id, "lease"),
-                          self._working(tenant_id, state["caller"])],
+                          self._working(tenant_id, state["caller"]), self._listed(tenant_id, state["caller"])],
             [json.dumps(state, separators=(",", ":")), self.ttl_ms, max(1, int(lease_seconds * 1000)), max_working,
              task_id]))
         return kept
@@ -159,3 +170,21 @@ class RedisTaskStore(KeyedStore):
     async def held(self, tenant_id: str, task_id: str) -> bool:
         client = await self._redis()
         return bool(await client.exists(self.tenant_key(tenant_id, task_id, "lease")))
+
+    async def list(self, tenant_id: str, subject: str, after: str, limit: int) -> tuple[list[dict[str, Any]], str]:
+        client = await self._redis()
+        listed = self._listed(tenant_id, subject)
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            members = await client.zrangebylex(listed, f"({after}" if after else "-", "+", start=0,
+                                               num=limit - len(found))
+            if not members:
+                return found, ""
+            names = [m.decode() if isinstance(m, bytes) else m for m in members]
+            values = await client.mget([self.tenant_key(tenant_id, name.partition(":")[2]) for name in names])
+            gone = [name for name, value in zip(names, values, strict=True) if value is None]
+            if gone:
+                await client.zrem(listed, *gone)
+            found += [json.loads(value) for value in values if value is not None]
+            after = names[-1]
+        return found, after

@@ -28,14 +28,15 @@ from services.tool_gateway.domain import ToolCall
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.service_layer import experience, handlers, pipeline, upstreams
-from services.tool_gateway.service_layer.tasks import TaskRunner
+from services.tool_gateway.service_layer.tasks import LIST_PAGE, TaskRunner
 from services.tool_gateway.service_layer.pipeline import SYSTEM_TENANT, CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 
 __all__ = ["Admin", "registration"]
 
 SCOPES = {"RegisterTool": "tools:admin", "ListTools": "tools:read", "CallTool": "tools:call",
-          "RemoveTool": "tools:admin", "GetCall": "tools:call", "GetTask": "tools:call", "CancelTask": "tools:call", "ToolStats": "tools:read",
+          "RemoveTool": "tools:admin", "GetCall": "tools:call", "GetTask": "tools:call", "CancelTask": "tools:call",
+          "ListTasks": "tools:call", "ToolStats": "tools:read",
           "SetCanary": "tools:admin", "Promote": "tools:admin", "Rollback": "tools:admin",
           "AddUpstream": "tools:admin", "RemoveUpstream": "tools:admin", "ListUpstreams": "tools:read"}
 
@@ -102,6 +103,11 @@ class ToolGatewayServicer(tools_pb2_grpc.ToolGatewayServicer):
     async def CancelTask(self, request, context):
         return _task_response(await self._tasks().cancel_task(current_principal.get() or _ANONYMOUS,
                                                               request.task_id))
+
+    async def ListTasks(self, request, context):
+        states, cursor = await self._tasks().list(current_principal.get() or _ANONYMOUS, request.cursor,
+                                                  limit=request.limit or LIST_PAGE)
+        return tools_pb2.ListTasksResponse(tasks=[_task_response(s) for s in states], next_cursor=cursor)
 
     def _tasks(self) -> TaskRunner:
         if self.admin.tasks is None:

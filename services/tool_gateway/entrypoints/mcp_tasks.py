@@ -8,9 +8,10 @@ CallToolResult, which a CreateTaskResult is not. So:
 - a server middleware answers a `tools/call` whose params carry `task` itself, before the SDK checks
   the answer; the CreateTaskResult it sends also carries an empty `content`, so that clients checking
   every `tools/call` answer as a CallToolResult (the SDK's own client does) accept it;
-- `tasks/get`, `tasks/result` and `tasks/cancel` are request handlers of their own (methods the SDK does
-  not know pass through to them); a cancellation reaches the replica running the task over Redis;
-- the initialize answer announces `capabilities.tasks.requests.tools.call`, and tools/list marks
+- `tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list` are request handlers of their own (methods
+  the SDK does not know pass through to them); a cancellation reaches the replica running the task over
+  Redis; `tasks/list` lists the caller's own tasks, oldest first, 50 a page;
+- the initialize answer announces `capabilities.tasks` (`list`, `cancel`, `requests.tools.call`), and tools/list marks
   every tool `execution.taskSupport: "optional"`.
 
 On 2026-07-28 (no tasks in the core protocol) a `task` is ignored and the call answers as usual;
@@ -42,7 +43,8 @@ POLL_MS = 500
 
 
 def capabilities() -> types.ServerTasksCapability:
-    return types.ServerTasksCapability(cancel=types.TasksCancelCapability(), requests=types.ServerTasksRequestsCapability(
+    return types.ServerTasksCapability(list=types.TasksListCapability(), cancel=types.TasksCancelCapability(),
+                                       requests=types.ServerTasksRequestsCapability(
         tools=types.TasksToolsCapability(call=types.TasksCallCapability())))
 
 
@@ -113,7 +115,7 @@ class TaskMiddleware:
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
-    """`tasks/get`, `tasks/result` and `tasks/cancel`, for Server.add_request_handler: the caller's own tasks
+    """`tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`, for Server.add_request_handler: the caller's own tasks
     only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin).
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
@@ -167,6 +169,16 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
     async def cancel_task(ctx: ServerRequestContext[Any, Any], params: types.CancelTaskRequestParams) -> dict[str, Any]:
         return wire_task(await load(ctx, params.task_id, cancel=True))
 
+    async def list_tasks(ctx: ServerRequestContext[Any, Any],
+                         params: types.PaginatedRequestParams | None) -> dict[str, Any]:
+        try:
+            states, cursor = await runner.list(principal(ctx), (params.cursor or "") if params else "")
+        except DomainError as exc:  # a cursor this gateway did not give: invalid params, as the spec says
+            raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.field}: {exc.reason}",
+                           exc.to_dict()) from None
+        return {"tasks": [wire_task(state) for state in states], **({"nextCursor": cursor} if cursor else {})}
+
     return {"tasks/get": (types.GetTaskRequestParams, get_task), "tasks/cancel": (types.CancelTaskRequestParams,
                                                                                  cancel_task),
-            "tasks/result": (types.GetTaskPayloadRequestParams, task_result)}
+            "tasks/result": (types.GetTaskPayloadRequestParams, task_result),
+            "tasks/list": (types.PaginatedRequestParams, list_tasks)}

@@ -13,11 +13,13 @@ every end: a final state is final, a replica that comes back later cannot turn a
 
 A task is its caller's: it keeps the caller's subject, and get, wait and cancel need the scope
 `tools:call` and the same subject (or `tools:admin`); anyone else is answered that no such task is known.
+A caller lists its own tasks only (gRPC `ListTasks`, MCP `tasks/list`), an admin too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -40,12 +42,14 @@ from services.tool_gateway.service_layer.pipeline import (
 )
 from services.tool_gateway.service_layer.ports import TaskStore
 
-__all__ = ["TERMINAL", "TaskEnded", "TaskRunner", "check_task_id", "outcome_to_dict"]
+__all__ = ["LIST_PAGE", "TERMINAL", "TaskEnded", "TaskRunner", "check_task_id", "outcome_to_dict"]
 
 log = get_logger(__name__)
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 CALL_SCOPE, ADMIN_SCOPE = "tools:call", "tools:admin"
 _TASK_ID = re.compile(r"[0-9a-f]{32}")
+_CURSOR = re.compile(r"[0-9]{13}:[0-9a-f]{32}")
+LIST_PAGE = 50
 
 
 def check_task_id(task_id: object, field: str = "task_id") -> str:
@@ -201,6 +205,30 @@ class TaskRunner:
             # It ended (and its lease lapsed) between the two reads: its end stands.
             state = await self.store.load(tenant, task_id) or state
         return state
+
+    async def list(self, principal: Principal | None, cursor: str = "", *,
+                   limit: int = LIST_PAGE) -> tuple[list[dict[str, Any]], str]:
+        """The caller's own tasks still kept (scope tools:call; an admin's too are only its own), oldest first, a
+        page of at most `limit` after `cursor` (from the last page; "" for the first), and the next page's cursor
+        ("" at the end). A working task whose lease lapsed is listed failed, as `get` answers it."""
+        if not 1 <= limit <= LIST_PAGE:
+            raise ValidationFailed(f"must be between 1 and {LIST_PAGE}", field="limit",
+                                   hint=f"ask at most {LIST_PAGE} tasks a page and go on with the next page's cursor")
+        if cursor and not _CURSOR.fullmatch(cursor):
+            raise ValidationFailed("is not a cursor this gateway gave", field="cursor",
+                                   hint="pass the cursor of the last page as it was, or none for the first page")
+        if principal is None or not principal.has_scope(CALL_SCOPE):
+            return [], ""
+        tenant = principal.tenant_id or SYSTEM_TENANT
+        states, after = await self.store.list(tenant, principal.subject, cursor, limit)
+        listed = []
+        for state in states:
+            if state["state"] == "working":
+                with contextlib.suppress(NotFound):  # expired between the two reads
+                    listed.append(await self.get(principal, state["task_id"]))
+                continue
+            listed.append(state)
+        return listed, after
 
     async def wait(self, principal: Principal | None, task_id: str, *, poll_seconds: float = 0.1,
                    timeout_seconds: float = 300.0) -> dict[str, Any]:

@@ -141,6 +141,24 @@ class CancelTaskRequest(_message.Message):
     task_id: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
 
+class ListTasksRequest(_message.Message):
+    __slots__ = ("tenant", "cursor", "limit")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.TenantContext
+    cursor: str
+    limit: int
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.TenantContext, _Mapping]] = ..., cursor: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_cursor")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[GetTaskResponse]
+    next_cursor: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[GetTaskResponse, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+
 class GetTaskResponse(_message.Message):
     __slots__ = ("task_id", "state", "tool", "created_at", "updated_at", "status_message", "call")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

@@ -71,6 +71,11 @@ class ToolGatewayStub:
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/mnemesh.v1.ToolGateway/ListTasks',
+                request_serializer=mnemesh_dot_v1_dot_tools__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=mnemesh_dot_v1_dot_tools__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.ToolStats = channel.unary_unary(
                 '/mnemesh.v1.ToolGateway/ToolStats',
                 request_serializer=mnemesh_dot_v1_dot_tools__pb2.ToolStatsRequest.SerializeToString,
@@ -160,6 +165,13 @@ class ToolGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTasks(self, request, context):
+        """The caller's own tasks still kept, oldest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ToolStats(self, request, context):
         """Procedural memory: how a tool has fared, overall and per calling context.
         """
@@ -242,6 +254,11 @@ def add_ToolGatewayServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.FromString,
                     response_serializer=mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=mnemesh_dot_v1_dot_tools__pb2.ListTasksRequest.FromString,
+                    response_serializer=mnemesh_dot_v1_dot_tools__pb2.ListTasksResponse.SerializeToString,
             ),
             'ToolStats': grpc.unary_unary_rpc_method_handler(
                     servicer.ToolStats,
@@ -469,6 +486,33 @@ class ToolGateway:
             '/mnemesh.v1.ToolGateway/CancelTask',
             mnemesh_dot_v1_dot_tools__pb2.CancelTaskRequest.SerializeToString,
             mnemesh_dot_v1_dot_tools__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemesh.v1.ToolGateway/ListTasks',
+            mnemesh_dot_v1_dot_tools__pb2.ListTasksRequest.SerializeToString,
+            mnemesh_dot_v1_dot_tools__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,7 +48,7 @@ STREAMS: dict[str, Stream] = {
                external=True),
         Stream(MEMORY_EVENTS, "memory-writer", "Memories written, corrected, expired or forgotten."),
         Stream(MEMORY_ACCESS, "retriever", "Batched memory accesses that update engagement."),
-        Stream(TOOL_EVENTS, "tool-gateway", "Tool registrations and calls; feeds procedural memory."),
+        Stream(TOOL_EVENTS, "tool-gateway", "Tool registrations, removals and calls; feeds procedural memory."),
         Stream(SESSION_EVENTS, "orchestrator", "Session events, mirrored from the session event store."),
     ]
 }
@@ -82,6 +82,8 @@ EVENT_TYPES: dict[str, EventType] = {
                   "Memories were returned by a search."),
         EventType("tool.registered", 1, TOOL_EVENTS, events_pb2.ToolRegistered,
                   "A tool (version) was added to the registry."),
+        EventType("tool.removed", 1, TOOL_EVENTS, events_pb2.ToolRemoved,
+                  "Versions of a tool (or every version: the tool) left the registry."),
         EventType("tool.called", 1, TOOL_EVENTS, events_pb2.ToolCalled,
                   "A tool call finished, with its outcome and latency."),
         EventType("session.message_appended", 1, SESSION_EVENTS, events_pb2.SessionMessageAppended,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from http_backend import HttpBackend, http_backend
 from test_mcp import Gateway, gateway_settings, mcp_client, register
 
 from libs.auth import issue_token
+from libs.events import Envelope
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel, error_detail
 
@@ -133,8 +135,29 @@ async def test_remove_tool_drops_a_version_then_the_tool_from_tools_list(gateway
             await stub.RemoveTool(tools_pb2.RemoveToolRequest(name="mail.send"))
         async with mcp_client(gateway, gateway.token("tools:read")) as client:
             assert (await client.list_tools()).tools == []
+    removals = await removal_events(gateway)
     assert list(first.versions) == ["2.0.0"] and list(rest.versions) == ["1.0.0"] and tool.name == "mail.send"
     assert error_detail(gone.value).error_type == "not_found"
+    # one tool.removed per removal that removed something, published through the outbox
+    assert removals == [("mail.send", ["2.0.0"], False), ("mail.send", ["1.0.0"], True)]
+
+
+async def removal_events(gateway: Gateway) -> list[tuple[str, list[str], bool]]:
+    """The tool.removed events of the gateway's outbox, in order, once the relay has published them all."""
+    conn = await asyncpg.connect(gateway.settings.database_url,
+                                 server_settings={"search_path": f"{gateway.settings.namespace}_tool_gateway"})
+    try:
+        with anyio.fail_after(15):
+            while rows := await conn.fetch("SELECT fields, published_at FROM outbox"
+                                           " WHERE fields->>'event_type' = 'tool.removed' ORDER BY id"):
+                if all(row["published_at"] is not None for row in rows):
+                    break
+                await anyio.sleep(0.1)
+    finally:
+        await conn.close()
+    events = [Envelope.from_fields(json.loads(row["fields"]) if isinstance(row["fields"], str) else row["fields"])
+              .message() for row in rows]
+    return [(e.name, list(e.versions), e.all_versions) for e in events]
 
 
 async def test_an_upstream_added_through_one_replica_is_served_by_both_and_removed_from_both(

@@ -77,7 +77,12 @@ class PostgresRegistry:
             if not version:
                 await conn.execute("DELETE FROM tool_rollouts WHERE name = $1", name)
             await self._announce(conn, name)
-        return sorted(row[0] for row in rows)
+            removed = sorted(row[0] for row in rows)
+            if removed:  # in the same transaction: the event is published exactly when the removal commits
+                left = await conn.fetchval("SELECT count(*) FROM tools WHERE name = $1", name)
+                event = events_pb2.ToolRemoved(name=name, versions=removed, all_versions=left == 0)
+                await self.outbox.add(conn, Envelope.wrap(event, event_type="tool.removed", tenant_id=SYSTEM_TENANT))
+        return removed
 
     async def rollouts(self) -> dict[str, Rollout]:
         async with self.db.connection() as conn:

@@ -200,6 +200,16 @@ class ToolRegistered(_message.Message):
     tool: _common_pb2.ToolSpec
     def __init__(self, tool: _Optional[_Union[_common_pb2.ToolSpec, _Mapping]] = ...) -> None: ...
 
+class ToolRemoved(_message.Message):
+    __slots__ = ("name", "versions", "all_versions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ALL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    versions: _containers.RepeatedScalarFieldContainer[str]
+    all_versions: bool
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., all_versions: _Optional[bool] = ...) -> None: ...
+
 class ToolCalled(_message.Message):
     __slots__ = ("tenant", "call_id", "tool", "version", "caller", "args_sha256", "outcome", "latency_ms", "error", "context", "arguments", "served_by", "attempts")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -1,5 +1,6 @@
 """Listing tasks against a real gateway (PostgreSQL, Redis): MCP `tasks/list` with the official SDK client on
-2025-11-25, gRPC `ListTasks` and `mnemesh tools tasks`, each caller seeing only its own tasks."""
+2025-11-25, gRPC `ListTasks` and `mnemesh tools tasks`, each caller seeing only its own tasks; and the Redis task
+store's listing itself (order within a millisecond, expired tasks, trimming, a bounded read)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import anyio
@@ -23,6 +26,7 @@ from libs.auth import issue_token
 from libs.protogen.mnemesh.v1 import tools_pb2, tools_pb2_grpc
 from libs.rpc import channel, error_detail
 from mnemesh.infra import free_port
+from services.tool_gateway.adapters.redis_chains import RedisTaskStore
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +93,50 @@ async def test_callers_list_their_own_tasks_over_mcp_grpc_and_the_cli(redis_url:
     assert [t["task_id"] for t in listed["tasks"]] == ids and listed["tasks"][0]["call"]["outcome"] == "ok"
     assert shown.returncode == 0, shown.stderr.decode()
     assert shown.stdout.decode().startswith(f"task {ids[0]} (trip.report): completed") and "--cursor" in shown.stdout.decode()
+
+
+# The task store's listing against real Redis ------------------------------------------------------------
+
+
+def task(caller: str = "agent-1") -> tuple[str, dict]:
+    task_id = uuid.uuid4().hex
+    return task_id, {"task_id": task_id, "state": "working", "caller": caller}
+
+
+async def test_tasks_begun_in_one_burst_list_in_order_and_a_full_last_page_has_no_cursor(redis_factory,
+                                                                                         unique: str) -> None:
+    store = RedisTaskStore(redis_factory, unique, ttl_seconds=60)
+    begun = [task() for _ in range(12)]
+    for task_id, state in begun:  # one after the other, several in one millisecond
+        await store.begin("acme", task_id, state, 30, 100)
+    listed, end = await store.list("acme", "agent-1", "", 12)
+    first, cursor = await store.list("acme", "agent-1", "", 5)
+    rest, _ = await store.list("acme", "agent-1", cursor, 50)
+    client = await redis_factory()
+    kept = await client.pttl(store.tenant_key("acme", "listed", "agent-1"))
+    assert [s["task_id"] for s in listed] == [i for i, _ in begun] and end == ""
+    assert [s["task_id"] for s in first + rest] == [i for i, _ in begun] and cursor
+    assert 60_000 < kept <= 120_000  # two TTLs
+
+
+async def test_expired_tasks_are_dropped_from_the_listing_and_a_listing_reads_a_bounded_number(redis_factory,
+                                                                                              unique: str) -> None:
+    store = RedisTaskStore(redis_factory, unique, ttl_seconds=60)
+    client = await redis_factory()
+    listed_key = store.tenant_key("acme", "listed", "agent-1")
+    # 2,500 tasks whose keys expired (only their members are left), older than the live one
+    await client.zadd(listed_key, {f"0000000000001:{k:012d}:{uuid.uuid4().hex}": 0 for k in range(2_500)})
+    live_id, live = task()
+    await store.begin("acme", live_id, live, 30, 16)  # trims members older than two TTLs: all of the above
+    trimmed = await client.zcard(listed_key)
+    await client.zadd(listed_key, {f"9000000000000:{k:012d}:{uuid.uuid4().hex}": 0 for k in range(2_500)})
+    await client.zadd(listed_key, {f"0000000000002:{k:012d}:{uuid.uuid4().hex}": 0 for k in range(5)})
+    started = time.perf_counter()
+    page, cursor = await store.list("acme", "agent-1", "", 10)
+    took = time.perf_counter() - started
+    after, cursor2 = await store.list("acme", "agent-1", cursor, 10)
+    left = await client.zcard(listed_key)
+    assert trimmed == 1
+    assert [s["task_id"] for s in page] == [live_id] and cursor  # the live one, then 2,000 members read: a cursor
+    assert after == [] and cursor2 == ""  # the rest read on the next page, all expired
+    assert left == 1 and took < 5  # every expired member met was removed

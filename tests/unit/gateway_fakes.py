@@ -211,10 +211,11 @@ class FakeTasks:
         return (tenant_id, task_id) in self.leases
 
     async def list(self, tenant_id: str, subject: str, after: str, limit: int) -> tuple[list[dict], str]:
-        cursors = [f"{k:013d}:{task_id}" for k, task_id in enumerate(self.listed.get((tenant_id, subject), []))]
-        page = [c for c in cursors if c > after][:limit]
-        states = [self.saved[tenant_id, c.partition(":")[2]] for c in page]
-        return states, (page[-1] if len(page) == limit else "")
+        cursors = [f"{k:013d}:{k:012d}:{task_id}" for k, task_id in enumerate(self.listed.get((tenant_id, subject), []))]
+        following = [c for c in cursors if c > after]
+        page = following[:limit]
+        states = [self.saved[tenant_id, c.rpartition(":")[2]] for c in page]
+        return states, (page[-1] if len(following) > limit else "")
 
 
 def fake_ports(**policy: Any) -> CallPorts:

@@ -42,9 +42,11 @@ async def test_a_caller_lists_its_own_tasks_oldest_first_a_page_at_a_time() -> N
     first, cursor = await runner.list(AGENT, limit=2)
     second, cursor2 = await runner.list(AGENT, cursor, limit=2)
     third, end = await runner.list(AGENT, cursor2, limit=2)
+    whole, none_after = await runner.list(AGENT, limit=5)
     await runner.close()
     assert [t["task_id"] for t in first + second + third] == mine
     assert cursor and cursor2 and end == ""
+    assert [t["task_id"] for t in whole] == mine and none_after == ""  # a full last page has no cursor
     assert {t["state"] for t in first + second + third} == {"working"}
 
 
@@ -68,7 +70,8 @@ async def test_a_caller_without_tools_call_lists_nothing_and_an_admin_only_its_o
     await runner.close()
 
 
-@pytest.mark.parametrize("cursor", ["x", "0" * 13, "0" * 13 + ":" + "g" * 32, "0" * 12 + ":" + "a" * 32, "-"])
+@pytest.mark.parametrize("cursor", ["x", "0" * 13, "0" * 13 + ":" + "0" * 12 + ":" + "g" * 32,
+                                    "0" * 13 + ":" + "a" * 32, "0" * 12 + ":" + "0" * 12 + ":" + "a" * 32, "-"])
 async def test_a_cursor_the_gateway_did_not_give_is_refused_naming_the_field(cursor: str) -> None:
     runner, _ = await runner_with_a_hanging_tool()
     with pytest.raises(ValidationFailed) as refused:

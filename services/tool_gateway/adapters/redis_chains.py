@@ -16,6 +16,9 @@ from services.tool_gateway.domain.chains import Chain, ChainStep, chain_full, st
 
 __all__ = ["RedisChainStore", "RedisTaskStore"]
 
+LIST_CHUNK = 200  # members of a caller's task set read per round trip
+LIST_SCAN = 2_000  # members one listing reads at most
+
 # KEYS[1]: the chain; ARGV: field, step JSON, whether the step ran anew and answered ('1': ok or fallback), TTL
 # ms. Only a step that ran anew replaces a done one (it carries a newer result): a replayed step or a failure
 # never does, so a chain resumes as often as it is called again, each done step keeping its first call.
@@ -51,11 +54,12 @@ local function live_at_least(key, ms)
 end
 """
 # A caller's tasks, for listing: a sorted set per (tenant, subject) whose members, all of score 0, are
-# "<creation ms, 13 digits>:<task id>", so that they sort (by ZRANGEBYLEX) oldest first and a member is a stable
-# cursor. A member whose task expired is removed when a listing meets it; members older than two TTLs (no task
-# runs that long) are trimmed when the caller starts another.
-# KEYS: the task, its lease, the caller's working set, the caller's tasks; ARGV: state JSON, TTL ms, lease ms,
-# most working, task id.
+# "<creation ms, 13 digits>:<sequence, 12 digits>:<task id>" (the sequence a counter of the caller's, so two tasks
+# begun in one millisecond keep their order), read by ZRANGEBYLEX: oldest first, and a member is a stable cursor.
+# A member whose task expired is removed when a listing meets it; members older than two TTLs (a task key lives
+# at most that long: begun, then ended or answered lost just before its TTL) are trimmed when the caller begins
+# another. KEYS: the task, its lease, the caller's working set, the caller's tasks, the caller's sequence; ARGV:
+# state JSON, TTL ms, lease ms, most working, task id.
 _BEGIN_TASK = _NOW_MS + """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local working = redis.call('ZCARD', KEYS[3])
@@ -64,9 +68,12 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[5])
 live_at_least(KEYS[3], ARGV[3])
-redis.call('ZREMRANGEBYLEX', KEYS[4], '-', '(' .. string.format('%013d', math.max(0, now - 2 * tonumber(ARGV[2]))))
-redis.call('ZADD', KEYS[4], 0, string.format('%013d:%s', now, ARGV[5]))
-redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[2]))
+local kept = 2 * tonumber(ARGV[2])
+redis.call('ZREMRANGEBYLEX', KEYS[4], '-', '(' .. string.format('%013d', math.max(0, now - kept)))
+local seq = redis.call('INCR', KEYS[5]) % 1000000000000
+redis.call('ZADD', KEYS[4], 0, string.format('%013d:%012d:%s', now, seq, ARGV[5]))
+redis.call('PEXPIRE', KEYS[4], kept)
+redis.call('PEXPIRE', KEYS[5], kept)
 return working + 1
 """
 # KEYS: the lease, the caller's working set; ARGV: lease ms, task id.
@@ -145,14 +152,15 @@ class RedisTaskStore(KeyedStore):
     def _working(self, tenant_id: str, subject: str) -> str:
         return self.tenant_key(tenant_id, "working", subject)
 
-    def _listed(self, tenant_id: str, subject: str) -> str:
-        return self.tenant_key(tenant_id, "listed", subject)
+    def _listed(self, tenant_id: str, subject: str, *part: str) -> str:
+        return self.tenant_key(tenant_id, "listed", subject, *part)
 
     async def begin(self, tenant_id: str, task_id: str, state: dict[str, Any], lease_seconds: float,
                     max_working: int) -> int:
         kept = int(await self.run_script(
             _BEGIN_TASK, [self.tenant_key(tenant_id, task_id), self.tenant_key(tenant_id, task_id, "lease"),
-                          self._working(tenant_id, state["caller"]), self._listed(tenant_id, state["caller"])],
+                          self._working(tenant_id, state["caller"]), self._listed(tenant_id, state["caller"]),
+                          self._listed(tenant_id, state["caller"], "sequence")],
             [json.dumps(state, separators=(",", ":")), self.ttl_ms, max(1, int(lease_seconds * 1000)), max_working,
              task_id]))
         return kept
@@ -172,19 +180,24 @@ class RedisTaskStore(KeyedStore):
         return bool(await client.exists(self.tenant_key(tenant_id, task_id, "lease")))
 
     async def list(self, tenant_id: str, subject: str, after: str, limit: int) -> tuple[list[dict[str, Any]], str]:
+        """Reads LIST_CHUNK members a round trip, and at most LIST_SCAN of them a listing (expired ones are removed
+        as met): past that it answers the page it has with a cursor, so no listing takes long however many
+        expired tasks precede the live ones."""
         client = await self._redis()
         listed = self._listed(tenant_id, subject)
-        found: list[dict[str, Any]] = []
-        while len(found) < limit:
-            members = await client.zrangebylex(listed, f"({after}" if after else "-", "+", start=0,
-                                               num=limit - len(found))
+        found: list[tuple[str, dict[str, Any]]] = []
+        scanned = 0
+        while len(found) <= limit:  # one more than the page: is there a next one?
+            if scanned >= LIST_SCAN:
+                return [state for _, state in found], after
+            members = await client.zrangebylex(listed, f"({after}" if after else "-", "+", start=0, num=LIST_CHUNK)
             if not members:
-                return found, ""
+                return [state for _, state in found], ""
             names = [m.decode() if isinstance(m, bytes) else m for m in members]
-            values = await client.mget([self.tenant_key(tenant_id, name.partition(":")[2]) for name in names])
+            values = await client.mget([self.tenant_key(tenant_id, name.rpartition(":")[2]) for name in names])
             gone = [name for name, value in zip(names, values, strict=True) if value is None]
             if gone:
                 await client.zrem(listed, *gone)
-            found += [json.loads(value) for value in values if value is not None]
-            after = names[-1]
-        return found, after
+            found += [(name, json.loads(value)) for name, value in zip(names, values, strict=True) if value is not None]
+            after, scanned = names[-1], scanned + len(names)
+        return [state for _, state in found[:limit]], found[limit - 1][0]

@@ -185,6 +185,6 @@ class TaskStore(Protocol):
 
     async def list(self, tenant_id: str, subject: str, after: str, limit: int) -> tuple[list[dict[str, Any]], str]:
         """Caller `subject`'s tasks still kept, oldest first, at most `limit` of them after the cursor `after`
-        ("": from the first), and the cursor to go on from ("" when the listing reached the end; otherwise there
-        may be more)."""
+        ("": from the first), and the cursor to go on from ("" when no task follows; a page may be short when
+        many expired tasks had to be passed over)."""
         ...

@@ -48,7 +48,7 @@ log = get_logger(__name__)
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 CALL_SCOPE, ADMIN_SCOPE = "tools:call", "tools:admin"
 _TASK_ID = re.compile(r"[0-9a-f]{32}")
-_CURSOR = re.compile(r"[0-9]{13}:[0-9a-f]{32}")
+_CURSOR = re.compile(r"[0-9]{13}:[0-9]{12}:[0-9a-f]{32}")
 LIST_PAGE = 50
 
 
@@ -215,7 +215,7 @@ class TaskRunner:
             raise ValidationFailed(f"must be between 1 and {LIST_PAGE}", field="limit",
                                    hint=f"ask at most {LIST_PAGE} tasks a page and go on with the next page's cursor")
         if cursor and not _CURSOR.fullmatch(cursor):
-            raise ValidationFailed("is not a cursor this gateway gave", field="cursor",
+            raise ValidationFailed("is not a cursor of this gateway's (malformed)", field="cursor",
                                    hint="pass the cursor of the last page as it was, or none for the first page")
         if principal is None or not principal.has_scope(CALL_SCOPE):
             return [], ""
@@ -223,9 +223,9 @@ class TaskRunner:
         states, after = await self.store.list(tenant, principal.subject, cursor, limit)
         listed = []
         for state in states:
-            if state["state"] == "working":
+            if state["state"] == "working" and not await self.store.held(tenant, state["task_id"]):
                 with contextlib.suppress(NotFound):  # expired between the two reads
-                    listed.append(await self.get(principal, state["task_id"]))
+                    listed.append(await self.get(principal, state["task_id"]))  # answers it lost
                 continue
             listed.append(state)
         return listed, after

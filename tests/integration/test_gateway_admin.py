@@ -192,4 +192,4 @@ async def test_an_upstream_added_through_one_replica_is_served_by_both_and_remov
     finally:
         await test_mcp.drop_namespace(first)
     assert error_detail(refused.value).error_type == "permission_denied"
-    assert (listed.upstream.name, listed.state, listed.tools) == ("fx", "up", 12)
+    assert (listed.upstream.name, listed.state, listed.tools) == ("fx", "up", 13)

@@ -95,6 +95,10 @@ async def test_upstream_tools_are_exposed_namespaced_unique_and_short_and_called
         remote = await client.call_tool("rm.echo", {"text": "yo"})
         invalid = await client.call_tool("rm.echo", {"times": 2})
         failed = await client.call_tool("local.fail", {"reason": "no stock"})
+        # the upstream (2026-07-28) refuses a call whose x-mcp-header argument has no Mcp-Param-* header
+        routed = await client.call_tool("rm.route", {"region": "华东-1", "parcel": "p-7"})
+    assert tools["rm.route"].input_schema["properties"]["region"]["x-mcp-header"] == "Region"
+    assert (routed.is_error, routed.structured_content) == (False, {"region": "华东-1", "parcel": "p-7"})
     assert (local.is_error, local.structured_content) == (False, {"echo": "hi hi"})
     assert remote.structured_content == {"echo": "yo"}
     assert invalid.structured_content["error_type"] == "validation"  # checked by the gateway, before the upstream

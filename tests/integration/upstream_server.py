@@ -4,7 +4,7 @@
     python upstream_server.py http <port>
     python upstream_server.py https <port> <certificate file> <key file>
 
-Tools: `echo` (structured), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
+Tools: `echo` (structured), `route` (an argument mirrored in a header, 2026-07-28), `whoami` (its process id), `fail` (a tool error), `slow` (waits until
 cancelled, reporting that it was through a marker file), `count` (reports progress once per step),
 `grow` (adds a tool, announcing the change), `picture` (text and an image), `ask_llm` (sampling),
 `ask_user` (elicitation), `chatty` (log messages), `touch` (a resource update; subscriptions are
@@ -19,12 +19,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
 
 server = MCPServer("upstream-fixture")
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
@@ -34,6 +36,13 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX
 def echo(text: str, times: int = 1) -> dict[str, str]:
     """Repeat the text."""
     return {"echo": " ".join([text] * times)}
+
+
+@server.tool(structured_output=True)
+def route(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], parcel: str) -> dict[str, str]:
+    """Where a parcel goes. `region` is mirrored in an `Mcp-Param-Region` header on 2026-07-28, which the SDK
+    checks against the argument before the tool runs (a call without it is refused)."""
+    return {"region": region, "parcel": parcel}
 
 
 @server.tool()

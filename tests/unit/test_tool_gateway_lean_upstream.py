@@ -141,7 +141,7 @@ async def test_a_call_failing_after_the_caller_refused_the_upstreams_request_is_
         def __init__(self, refuse: bool) -> None:
             self.refuse, self.deadline = refuse, None
 
-        async def call(self, tool, arguments, *, relay, report, asked):
+        async def call(self, tool, arguments, *, relay, report, asked, headers):
             self.deadline = asked.deadline
             asked.refused = self.refuse
             raise upstreams.UpstreamRefused("the user declined")
@@ -155,3 +155,24 @@ async def test_a_call_failing_after_the_caller_refused_the_upstreams_request_is_
             await manager._lean_call("up", conn, lean, "ask", {}, None, None, 30.0)  # type: ignore[arg-type]
         assert getattr(failed.value, "caller_side", False) is refuse and failed.value.retryable is False
         assert lean.deadline is not None and 29 < lean.deadline - asyncio.get_running_loop().time() <= 30
+
+
+async def test_a_lean_call_mirrors_the_arguments_the_tools_schema_marks_x_mcp_header_in_mcp_param_headers() -> None:
+    class Lean:
+        sent: list = []
+
+        async def call(self, tool, arguments, *, relay, report, asked, headers):
+            self.sent.append((tool, headers))
+            return {"content": [], "structuredContent": {"ok": True}}
+
+    manager = UpstreamManager()
+    conn = _Connection(UpstreamConfig(name="up", url="http://127.0.0.1:9/mcp"))
+    manager.status["up"] = upstreams.UpstreamStatus()
+    conn.param_headers = {"route": {("region",): "Region", ("to", "zone"): "Zone"}}
+    lean = Lean()
+    await manager._lean_call("up", conn, lean, "route", {"region": "华东", "to": {"zone": 7}}, None, None, 30.0)
+    await manager._lean_call("up", conn, lean, "route", {"to": {}}, None, None, 30.0)  # none present: none sent
+    await manager._lean_call("up", conn, lean, "echo", {"region": "x"}, None, None, 30.0)  # not marked
+    [(_, both), (_, none), (_, unmarked)] = lean.sent
+    assert both["Mcp-Param-Zone"] == "7" and both["Mcp-Param-Region"].startswith("=?base64?")  # not a token
+    assert none == {} and unmarked is None

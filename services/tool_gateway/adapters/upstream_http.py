@@ -4,7 +4,8 @@ The SDK client spends more CPU on a call (a session, a dispatcher, memory stream
 request, a transport task per POST) than the gateway's whole pipeline. Once the SDK client has
 connected the upstream (handshake or discovery, the tools listed), a plain call — no progress
 asked for — is sent here instead, with what the SDK would send: the negotiated protocol version,
-the session id on 2025-era upstreams, the routing headers and the `_meta` envelope on 2026-07-28.
+the session id on 2025-era upstreams, the routing headers (`Mcp-Method`, `Mcp-Name`, and the `Mcp-Param-*`
+headers of the arguments the tool's schema marks `x-mcp-header`) and the `_meta` envelope on 2026-07-28.
 The answer is read as JSON or as an SSE stream; the SDK path stays for everything else (progress,
 resources, prompts, completions, listing, the liveness probe).
 
@@ -137,18 +138,20 @@ class LeanHttpCaller:
         return headers
 
     async def call(self, tool: str, arguments: dict[str, Any], *, relay: CallRelay | None = None,
-                   report: ProgressFn | None = None, asked: CallerAsked | None = None) -> dict[str, Any]:
+                   report: ProgressFn | None = None, asked: CallerAsked | None = None,
+                   headers: dict[str, str] | None = None) -> dict[str, Any]:
         """The call's JSON-RPC `result` (a CallToolResult as the upstream sent it).
 
         `relay`: the calling client, to which the upstream's log messages and requests go (and whose
         answers come back); `report`: where its progress goes. A 2026-07-28 upstream that answers
         `input_required` has its input requests asked of the client and the call retried with the
         answers, up to MAX_ROUNDS times. `asked`: where what the client made of those requests is noted, and
-        the call's deadline they must fit in."""
+        the call's deadline they must fit in. `headers`: the `Mcp-Param-*` headers mirroring the arguments the
+        tool's input schema marks `x-mcp-header` (2026-07-28), sent with every round."""
         asked = asked or CallerAsked()
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
         for _ in range(MAX_ROUNDS):
-            result = await self._call_once(tool, params, relay, report, asked)
+            result = await self._call_once(tool, params, relay, report, asked, headers)
             if result.get("resultType") != "input_required" or relay is None:
                 return result
             requests = result.get("inputRequests") or {}
@@ -166,7 +169,8 @@ class LeanHttpCaller:
         raise UpstreamRefused(f"the upstream asked for input more than {MAX_ROUNDS} times")
 
     async def _call_once(self, tool: str, params: dict[str, Any], relay: CallRelay | None,
-                         report: ProgressFn | None, asked: CallerAsked | None = None) -> dict[str, Any]:
+                         report: ProgressFn | None, asked: CallerAsked | None = None,
+                         mirrored: dict[str, str] | None = None) -> dict[str, Any]:
         request_id = f"gw-{next(self._ids)}"  # never one of the SDK session's integer ids
         params = dict(params)
         headers = self._headers()
@@ -181,6 +185,7 @@ class LeanHttpCaller:
                 meta[LOG_LEVEL_META] = "debug"
             headers["mcp-method"] = "tools/call"
             headers["mcp-name"] = encode_header_value(tool)
+            headers.update(mirrored or {})
         if meta:
             params["_meta"] = meta
         body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params},

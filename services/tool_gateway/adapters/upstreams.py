@@ -23,6 +23,7 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import mcp_param_headers, x_mcp_header_map
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -61,6 +62,8 @@ class _Connection:
         self.catalog = Catalog()  # its resources, templates and prompts
         self.lean: LeanHttpCaller | None = None  # plain calls on a Streamable HTTP upstream (upstream_http.py)
         self.output_validators: dict[str, SafeValidator] = {}  # by upstream tool name, for lean calls
+        # 2026-07-28: the arguments each upstream tool (by its name) wants mirrored in `Mcp-Param-*` headers
+        self.param_headers: dict[str, dict[tuple[str, ...], str]] = {}
         self.subscribed: set[str] = set()  # resource URIs subscribed to, renewed on reconnection
 
 
@@ -241,6 +244,8 @@ class UpstreamManager:
             tools[exposed] = tool
         conn.tools = tools
         conn.output_validators = {}
+        # The SDK client has dropped the tools whose annotations are invalid from `listed` already.
+        conn.param_headers = {t.name: mapped for t in listed.tools if (mapped := x_mcp_header_map(t.input_schema))}
         self.status[name].tools = len(tools)
         names = {n for c in self.connections.values() for n in c.tools}
         names |= {n for other, c in self.connections.items() if other != name for n, _ in c.catalog.prompts}
@@ -339,7 +344,9 @@ class UpstreamManager:
         on the caller's side (`caller_side`): it does not count against the upstream's shared breaker."""
         asked = CallerAsked(None if timeout is None else asyncio.get_running_loop().time() + timeout)
         try:
-            raw = await lean.call(tool, arguments, relay=relay, report=report, asked=asked)
+            mirrored = conn.param_headers.get(tool)
+            raw = await lean.call(tool, arguments, relay=relay, report=report, asked=asked,
+                                  headers=mcp_param_headers(mirrored, arguments) if mirrored else None)
         except UpstreamRefused as exc:
             raise _caller_side(_refused(exc.message), asked.refused) from None
         except UpstreamBroken as exc:

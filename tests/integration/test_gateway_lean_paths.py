@@ -17,6 +17,8 @@ from test_gateway_upstreams import federating, http_upstream, listed, wait_answe
 from test_mcp import MODES, Gateway, mcp_client
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.inbound import encode_header_value
+from mcp_types import HEADER_MISMATCH
 
 from services.tool_gateway.adapters.http1 import Http1Pool, ProtocolError
 from services.tool_gateway.adapters.upstream_http import LeanHttpCaller, SessionTracker, UpstreamRefused
@@ -234,3 +236,32 @@ async def test_the_lean_pool_speaks_tls_and_checks_the_certificate(tmp_path: Pat
             await pool.aclose()
         upstream.terminate()
         upstream.wait(10)
+
+
+async def test_mcp_param_headers_are_checked_against_the_arguments_the_tools_schema_marks(
+    federating: Gateway  # noqa: F811
+) -> None:
+    """`rm.route` marks `region` x-mcp-header: a 2026-07-28 call mirrors it in `Mcp-Param-Region`, served by the
+    lean path when it matches (the answer the SDK gives too), refused 400 HEADER_MISMATCH when it is missing or
+    disagrees; a 2025-11-25 call has no such header to check."""
+    await listed(federating, {"rm.route"})
+    token = federating.token("tools:*")
+    arguments = {"region": "华东-1", "parcel": "p-7"}
+    message, headers = _request("2026-07-28", token, "rm.route", arguments)
+    region = {"Mcp-Param-Region": encode_header_value("华东-1")}
+    legacy, legacy_headers = _request("2025-11-25", token, "rm.route", arguments)
+    async with httpx2.AsyncClient(timeout=30) as http:
+        lean = await http.post(federating.url, json=message, headers={**headers, **region})
+        sdk = await http.post(federating.url, json=message, headers={**headers, **region, "Mcp-Param-Unused": "x"})
+        missing = await http.post(federating.url, json=message, headers=headers)
+        wrong = await http.post(federating.url, json=message, headers={**headers, "Mcp-Param-Region": "eu-west"})
+        stray = await http.post(federating.url, json={**message, "params": {**message["params"], "arguments": {
+            "parcel": "p-7"}}}, headers={**headers, **region})
+        older = await http.post(federating.url, json=legacy, headers=legacy_headers)
+    assert lean.status_code == 200 and _message(lean) == _message(sdk)
+    assert _message(lean)["result"]["structuredContent"] == arguments
+    for refused, why in ((missing, "missing"), (wrong, "does not match"), (stray, "absent")):
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == HEADER_MISMATCH and "Mcp-Param-Region" in error["message"] and why in error["message"]
+    assert older.status_code == 200 and _message(older)["result"]["structuredContent"] == arguments

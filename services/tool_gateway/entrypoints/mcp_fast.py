@@ -10,8 +10,14 @@ machinery is answered here, with the same checks and the same bytes:
   routing headers, the params against the revision's schema) — but a request that fails any check
   is not refused here: it goes on to the SDK, which refuses it in its own words;
 - what needs a stream from server to client goes to the SDK too: a progress token (its progress is
-  relayed), a task-augmented call, `Mcp-Param-*` headers, a protocol version the lean path does not
-  serve (none, or not a known one);
+  relayed), a task-augmented call, a protocol version the lean path does not serve (none, or not a
+  known one);
+- `Mcp-Param-*` headers (2026-07-28): the input schema of the version the caller's call would run is
+  looked up first (`schema_of`), for every 2026-07-28 `tools/call`, and kept for the request
+  (`PARAM_SCHEMA`, which the SDK's `get_tool_input_schema` hook answers from). The lean path serves a
+  call whose headers mirror the arguments that schema marks `x-mcp-header` exactly as the SDK checks
+  them; a call with a header that disagrees, is missing, or names no marked argument goes to the SDK,
+  which refuses a mismatch with its 400 (HEADER_MISMATCH) and ignores a header nothing marks;
 - the call itself is `mcp_server.answer_call`, what the SDK's handler runs, inside the same
   OpenTelemetry span; its result is shaped for the wire by the SDK's own per-revision serialiser
   (`resultType` and the `serverInfo` stamp on 2026-07-28);
@@ -26,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import mcp_types as types
@@ -40,7 +47,13 @@ from mcp.server.transport_security import (
     TransportSecuritySettings,
 )
 from mcp.shared._otel import extract_trace_context, otel_span
-from mcp.shared.inbound import MCP_PARAM_HEADER_PREFIX, classify_inbound_request, find_duplicated_routing_header
+from mcp.shared.inbound import (
+    MCP_PARAM_HEADER_PREFIX,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+    validate_mcp_param_headers,
+    x_mcp_header_map,
+)
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
@@ -52,7 +65,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from libs.logs import get_logger
 from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, InFlightCalls, cancel_key
 
-__all__ = ["DEFERRAL_SECONDS", "BODY_BYTES", "FastCalls"]
+__all__ = ["DEFERRAL_SECONDS", "BODY_BYTES", "PARAM_SCHEMA", "FastCalls", "param_schema"]
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -64,6 +77,16 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
                 (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
 _PING = b": ping\r\n\r\n"
 _KNOWN_MIDDLEWARE = frozenset({"OpenTelemetryMiddleware", "TaskMiddleware"})
+# The (tool name, input schema) of the 2026-07-28 tools/call being served, for the SDK's header check.
+PARAM_SCHEMA: contextvars.ContextVar[tuple[str, dict[str, Any] | None] | None] = contextvars.ContextVar(
+    "mcp_param_schema", default=None)
+
+
+def param_schema(name: str) -> dict[str, Any] | None:
+    """The SDK's `get_tool_input_schema` hook: the schema FastCalls looked up for this request's call of `name`
+    (None: none, and the SDK skips the `Mcp-Param-*` check, as for a tool it does not know)."""
+    held = PARAM_SCHEMA.get()
+    return held[1] if held is not None and held[0] == name else None
 
 
 class _Plan:
@@ -102,9 +125,12 @@ class FastCalls:
     """ASGI middleware in front of the SDK app (after authentication and the JSON-RPC guard)."""
 
     def __init__(self, app: ASGIApp, server: Server, answer, *, path: str, security: TransportSecuritySettings,
-                 in_flight: InFlightCalls, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE) -> None:
-        """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports)."""
-        self.app, self.server, self.answer, self.path = app, server, answer, path
+                 in_flight: InFlightCalls, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+                 schema_of: Callable[[Any, str], Awaitable[dict[str, Any] | None]] | None = None) -> None:
+        """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports);
+        `schema_of(caller, name)`: the input schema the caller's call of `name` would be checked against
+        (pipeline.call_schema); without it `Mcp-Param-*` headers are not checked."""
+        self.app, self.server, self.answer, self.path, self.schema_of = app, server, answer, path, schema_of
         self.security, self.in_flight, self.max_body = TransportSecurityMiddleware(security), in_flight, max_body
         # Cache hints for tools/call, or middleware besides the span (replayed here) and the task one (whose
         # calls go to the SDK), would shape calls in ways this path does not: then the SDK serves them all.
@@ -113,22 +139,50 @@ class FastCalls:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = scope.get("mcp.message") if scope["type"] == "http" else None
-        plan = None
-        if (self.enabled and isinstance(message, dict) and message.get("method") == "tools/call"
-                and "id" in message and scope["method"] == "POST" and scope["path"] == self.path):
-            plan = self._plan(scope, message)
-        if plan is None:
+        if not (isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
+                and scope["method"] == "POST" and scope["path"] == self.path):
             await self.app(scope, receive, send)
             return
+        held = await self._schema(scope, message)
+        kept = PARAM_SCHEMA.set(held)
+        try:
+            plan = self._plan(scope, message, held) if self.enabled else None
+            if plan is None:
+                await self.app(scope, receive, send)
+                return
+        finally:
+            PARAM_SCHEMA.reset(kept)
         await self._serve(plan, scope, receive, send)
 
-    def _plan(self, scope: Scope, message: dict[str, Any]) -> _Plan | None:
+    async def _schema(self, scope: Scope, message: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | None:
+        """(name, the input schema its `Mcp-Param-*` headers are checked against) of a 2026-07-28 call by an
+        authenticated caller; None otherwise (no check: the revision has no such headers, or the call is
+        refused anyway)."""
+        params = message.get("params")
+        name = params.get("name") if isinstance(params, dict) else None
+        caller = getattr(scope.get("user"), "principal", None)
+        if self.schema_of is None or not isinstance(name, str) or caller is None:
+            return None
+        version = next((v for k, v in scope["headers"] if k == b"mcp-protocol-version"), b"").decode("latin-1")
+        if version not in MODERN_PROTOCOL_VERSIONS:
+            return None
+        try:
+            return name, await self.schema_of(caller, name)
+        except Exception as exc:  # noqa: BLE001 - the registry is unreachable: the call fails on it, in its words
+            log.warning("tool schema not looked up for the Mcp-Param check", tool=name[:128], error=repr(exc)[:200])
+            return None
+
+    def _plan(self, scope: Scope, message: dict[str, Any],
+              held: tuple[str, dict[str, Any] | None] | None = None) -> _Plan | None:
         """What the call needs when this path may serve it; None sends it to the SDK."""
         if scope.get(BODY_BYTES, self.max_body + 1) > self.max_body:
             return None
         raw = scope["headers"]
-        if any(name.startswith(_PARAM_PREFIX) for name, _ in raw):
-            return None
+        mirrored = {name for name, _ in raw if name.startswith(_PARAM_PREFIX)}
+        schema = held[1] if held is not None else None
+        if mirrored and (schema is None or not mirrored <= {
+                f"{MCP_PARAM_HEADER_PREFIX}{token}".lower().encode() for token in x_mcp_header_map(schema).values()}):
+            return None  # headers no schema marks (or none to check them against): the SDK ignores them
         request = Request(scope)
         headers = request.headers
         if not self.security._validate_content_type(headers.get("content-type")):
@@ -160,6 +214,9 @@ class FastCalls:
             typed = types.CallToolRequestParams.model_validate(params, by_name=False)
         except (ValidationError, KeyError):
             return None
+        if modern and schema is not None and validate_mcp_param_headers(schema, typed.arguments or {},
+                                                                        headers) is not None:
+            return None  # a header missing or disagreeing: the SDK refuses it, in its words
         return _Plan(version, typed, message["id"], headers.get(SESSION_HEADER, ""), modern)
 
     async def _serve(self, plan: _Plan, scope: Scope, receive: Receive, send: Send) -> None:

@@ -44,7 +44,7 @@ from services.tool_gateway.domain.content import media_blocks
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
-from services.tool_gateway.entrypoints.mcp_fast import FastCalls
+from services.tool_gateway.entrypoints.mcp_fast import FastCalls, param_schema
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
@@ -154,16 +154,6 @@ def _caller(ctx: ServerRequestContext[Any, Any], local: Principal | None) -> Pri
     return user.principal if isinstance(user, Caller) else None
 
 
-def _no_param_headers(name: str) -> None:
-    """No input schema to check `Mcp-Param-*` headers against (the SDK then skips them).
-
-    Those headers mirror call arguments for intermediaries that route on them; nothing routes on
-    them here and no call runs yet. Without this the SDK would run a whole tools/list (a registry
-    query) for every call just to find the schema. The call pipeline should check them.
-    """
-    return
-
-
 class _GatewayServer(Server):
     """Announces `listChanged` for tools, prompts and resources on the initialize handshake when the
     gateway has a change feed (the 2026-07-28 capabilities follow from serving subscriptions/listen)."""
@@ -264,7 +254,7 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
 
     server = _GatewayServer(
         "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
-        on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=_no_param_headers,
+        on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=param_schema,
         on_subscriptions_listen=scoped_listen(ListenHandler(changes), lambda ctx: _caller(ctx, local_principal),
                                               upstreams) if changes is not None else None,
         **guide_handlers(ports, experience_store, lambda ctx: _caller(ctx, local_principal), upstreams))
@@ -328,7 +318,8 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, transport_security=security)
     sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes, subscriptions=subscribed)
     fast = FastCalls(sessions, server, functools.partial(answer_call, ports, in_flight=in_flight), path=PATH,
-                     security=security, in_flight=in_flight)
+                     security=security, in_flight=in_flight,
+                     schema_of=functools.partial(pipeline.call_schema, registry=ports.registry))
 
     async def answer_reporting(caller, params, *, cancel=None):
         return await answer_call(ports, caller, params, in_flight=in_flight, cancel=cancel, report=progress_reporter())

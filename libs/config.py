@@ -213,9 +213,10 @@ class Settings(BaseSettings):
     # The memory-writer takes commands in batches: one transaction per batch (and tenant).
     memory_batch_size: int = Field(200, ge=1, le=1000, description="commands read and written per batch")
     memory_batch_block_ms: int = Field(500, ge=1, le=60_000, description="how long a batch read waits for commands")
-    # More than one trades one user's command order for throughput (README, "Worker processes").
-    memory_writer_workers: int = Field(1, ge=1, le=8, description="memory-writer processes `mnemesh run` starts, "
-                                                                   "all consuming the commands stream")
+    # A stream batch is CPU-bound Python: one process uses one core (README, "Worker processes").
+    memory_writer_workers: int = Field(default_factory=lambda: min(2, os.cpu_count() or 1), ge=1, le=8,
+                                       description="memory-writer processes `mnemesh run` starts, all consuming "
+                                                   "the commands stream (default: 2, or 1 on a one-core machine)")
     memory_batches_in_flight: int = Field(2, ge=1, le=8, description="command batches handled at once (one user's in "
                                                                       "stream order)")
     memory_burst_limit: int = Field(120, ge=1, description="writes of one user per minute before the poisoning guard"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -15,9 +16,10 @@ from mcp.server.transport_security import TransportSecuritySettings
 from libs.auth import Principal
 from services.tool_gateway.domain import ToolSpec
 from services.tool_gateway.entrypoints.mcp_auth import Caller
-from services.tool_gateway.entrypoints.mcp_fast import FastCalls
+from services.tool_gateway.entrypoints.mcp_fast import FastCalls, param_schema
 from services.tool_gateway.entrypoints.mcp_server import answer_call, build_server
 from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
+from services.tool_gateway.service_layer import handlers
 
 ALICE = Principal(subject="alice", tenant_id="acme", scopes=frozenset({"tools:*"}))
 SPEC = ToolSpec(name="crm.get_customer", description="Look up a customer.",
@@ -191,3 +193,80 @@ async def test_a_server_with_middleware_the_lean_path_does_not_replay_has_every_
                     security=SECURITY, in_flight=in_flight)
     await post(app, headers("2026-07-28"), call("2026-07-28", {"id": "7"}))
     assert sdk.reached == 1
+
+
+ROUTE = ToolSpec(name="geo.route", description="Where a parcel goes.", version="1.0.0", output_schema={},
+                 input_schema={"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"},
+                                                                "parcel": {"type": "string"}}})
+
+
+class SchemaSeeingSdk(Sdk):
+    """The SDK app: records the schema its `get_tool_input_schema` hook (param_schema) answers for geo.route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.schemas: list = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        self.schemas.append(param_schema("geo.route"))
+        await super().__call__(scope, receive, send)
+
+
+async def checking(*specs: ToolSpec):
+    ports = fake_ports()
+    for spec in specs:
+        await ports.registry.register(spec)
+
+    async def route(arguments: dict) -> dict:
+        return {"to": arguments.get("region")}
+    ports.backends.behaviours["geo.route"] = route
+    sdk, in_flight = SchemaSeeingSdk(), InFlightCalls()
+    app = FastCalls(sdk, build_server(ports), functools.partial(answer_call, ports, in_flight=in_flight),
+                    path="/mcp", security=SECURITY, in_flight=in_flight,
+                    schema_of=functools.partial(handlers.listed_schema, registry=ports.registry))
+    return app, sdk, ports
+
+
+def route_call(**arguments: str) -> tuple[dict, dict]:
+    message = call("2026-07-28", arguments)
+    message["params"]["name"] = "geo.route"
+    return message, headers("2026-07-28", **{"mcp-name": "geo.route"})
+
+
+async def test_a_call_whose_mcp_param_headers_mirror_its_marked_arguments_is_served_by_the_lean_path() -> None:
+    app, sdk, _ = await checking(ROUTE)
+    message, hdrs = route_call(region="eu", parcel="p-1")
+    sent = await post(app, {**hdrs, "mcp-param-region": "eu"}, message)
+    assert sdk.reached == 0 and json.loads(sent[1]["body"])["result"]["structuredContent"] == {"to": "eu"}
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong", "stray"])
+async def test_a_call_whose_mcp_param_headers_disagree_goes_to_the_sdk_with_the_schema_to_refuse_it(case) -> None:
+    app, sdk, ports = await checking(ROUTE)
+    message, hdrs = route_call(region="eu", parcel="p-1")
+    extra = {"missing": {}, "wrong": {"mcp-param-region": "us"},
+             "stray": {"mcp-param-region": "eu", "mcp-param-parcel": "p-1"}}[case]
+    await post(app, {**hdrs, **extra}, message)
+    assert sdk.reached == 1 and sdk.schemas == [ROUTE.input_schema] and ports.call_log.records == []
+    assert param_schema("geo.route") is None  # only while that request is served
+
+
+async def test_headers_are_checked_against_the_listed_stable_version_not_the_callers_canary_arm() -> None:
+    marked = replace(ROUTE, version="2.0.0")
+    unmarked = replace(ROUTE, input_schema={"type": "object", "properties": {"region": {"type": "string"},
+                                                                            "parcel": {"type": "string"}}})
+    app, sdk, ports = await checking(unmarked, marked)
+    await handlers.set_canary("geo.route", "2.0.0", ports.registry, percent=100.0)
+    message, hdrs = route_call(region="eu", parcel="p-1")
+    sent = await post(app, hdrs, message)  # the client mirrors what tools/list showed it: 1.0.0, nothing marked
+    assert sdk.reached == 0 and json.loads(sent[1]["body"])["result"]["structuredContent"] == {"to": "eu"}
+    assert [r.version for r in ports.call_log.records] == ["2.0.0"]  # run by the canary all the same
+
+
+async def test_a_tool_the_caller_may_not_call_is_not_checked_but_refused_by_the_pipeline() -> None:
+    app, sdk, ports = await checking(replace(ROUTE, scopes=("geo:route",)))
+    message, hdrs = route_call(region="eu", parcel="p-1")
+    sent = await post(app, hdrs, message)  # no header: no HEADER_MISMATCH to tell which arguments it marks
+    result = json.loads(sent[1]["body"])["result"]
+    assert sdk.reached == 0 and result["structuredContent"]["error_type"] == "permission_denied"
+    assert [r.outcome for r in ports.call_log.records] == ["error"]  # audited

@@ -72,14 +72,16 @@ class PostgresRegistry:
 
     async def remove(self, name: str, version: str = "") -> list[str]:
         async with self.db.transaction(SYSTEM_TENANT) as conn:
+            # One removal of a name at a time, so that what is left is counted after the other's commit.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('mnemesh.tools'), hashtext($1))", name)
             rows = await conn.fetch("DELETE FROM tools WHERE name = $1 AND ($2 = '' OR version = $2)"
                                     " RETURNING version", name, version)
-            if not version:
+            left = await conn.fetchval("SELECT count(*) FROM tools WHERE name = $1", name)
+            if not left:  # the tool is gone: its rollout too
                 await conn.execute("DELETE FROM tool_rollouts WHERE name = $1", name)
             await self._announce(conn, name)
             removed = sorted(row[0] for row in rows)
             if removed:  # in the same transaction: the event is published exactly when the removal commits
-                left = await conn.fetchval("SELECT count(*) FROM tools WHERE name = $1", name)
                 event = events_pb2.ToolRemoved(name=name, versions=removed, all_versions=left == 0)
                 await self.outbox.add(conn, Envelope.wrap(event, event_type="tool.removed", tenant_id=SYSTEM_TENANT))
         return removed

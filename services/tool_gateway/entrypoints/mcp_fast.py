@@ -12,12 +12,14 @@ machinery is answered here, with the same checks and the same bytes:
 - what needs a stream from server to client goes to the SDK too: a progress token (its progress is
   relayed), a task-augmented call, a protocol version the lean path does not serve (none, or not a
   known one);
-- `Mcp-Param-*` headers (2026-07-28): the input schema of the version the caller's call would run is
-  looked up first (`schema_of`), for every 2026-07-28 `tools/call`, and kept for the request
-  (`PARAM_SCHEMA`, which the SDK's `get_tool_input_schema` hook answers from). The lean path serves a
-  call whose headers mirror the arguments that schema marks `x-mcp-header` exactly as the SDK checks
-  them; a call with a header that disagrees, is missing, or names no marked argument goes to the SDK,
-  which refuses a mismatch with its 400 (HEADER_MISMATCH) and ignores a header nothing marks;
+- `Mcp-Param-*` headers (2026-07-28): the input schema tools/list shows the caller for the tool (what
+  its client mirrors headers from) is looked up first (`schema_of`), for every 2026-07-28
+  `tools/call`, and kept for the request (`PARAM_SCHEMA`, which the SDK's `get_tool_input_schema` hook
+  answers from). The lean path serves a call whose headers mirror the arguments that schema marks
+  `x-mcp-header` exactly as the SDK checks them; a call with a header that disagrees, is missing, or
+  names no marked argument goes to the SDK, which refuses a mismatch with its 400 (HEADER_MISMATCH) and
+  ignores a header nothing marks. A tool not listed to the caller is not checked: its call is refused
+  in the pipeline, audited;
 - the call itself is `mcp_server.answer_call`, what the SDK's handler runs, inside the same
   OpenTelemetry span; its result is shaped for the wire by the SDK's own per-revision serialiser
   (`resultType` and the `serverInfo` stamp on 2026-07-28);
@@ -51,6 +53,7 @@ from mcp.shared.inbound import (
     MCP_PARAM_HEADER_PREFIX,
     classify_inbound_request,
     find_duplicated_routing_header,
+    find_invalid_x_mcp_header,
     validate_mcp_param_headers,
     x_mcp_header_map,
 )
@@ -80,6 +83,24 @@ _KNOWN_MIDDLEWARE = frozenset({"OpenTelemetryMiddleware", "TaskMiddleware"})
 # The (tool name, input schema) of the 2026-07-28 tools/call being served, for the SDK's header check.
 PARAM_SCHEMA: contextvars.ContextVar[tuple[str, dict[str, Any] | None] | None] = contextvars.ContextVar(
     "mcp_param_schema", default=None)
+
+
+_MARKED: dict[int, tuple[dict[str, Any], frozenset[bytes]]] = {}  # by id(schema), the schema held so ids stay its
+
+
+def _marked(schema: dict[str, Any]) -> frozenset[bytes]:
+    """The `Mcp-Param-*` header names (lowercase) of the arguments `schema` marks `x-mcp-header`; none for a
+    schema whose marks are invalid (the SDK checks nothing then, and clients drop the tool). Remembered per
+    schema object: the registry's cache hands out the same ones while they are current."""
+    held = _MARKED.get(id(schema))
+    if held is not None and held[0] is schema:
+        return held[1]
+    names = frozenset() if find_invalid_x_mcp_header(schema) is not None else frozenset(
+        f"{MCP_PARAM_HEADER_PREFIX}{token}".lower().encode() for token in x_mcp_header_map(schema).values())
+    if len(_MARKED) >= 4_096:
+        _MARKED.clear()
+    _MARKED[id(schema)] = (schema, names)
+    return names
 
 
 def param_schema(name: str) -> dict[str, Any] | None:
@@ -128,8 +149,8 @@ class FastCalls:
                  in_flight: InFlightCalls, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
                  schema_of: Callable[[Any, str], Awaitable[dict[str, Any] | None]] | None = None) -> None:
         """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports);
-        `schema_of(caller, name)`: the input schema the caller's call of `name` would be checked against
-        (pipeline.call_schema); without it `Mcp-Param-*` headers are not checked."""
+        `schema_of(caller, name)`: the input schema tools/list shows the caller for `name`
+        (handlers.listed_schema); without it `Mcp-Param-*` headers are not checked."""
         self.app, self.server, self.answer, self.path, self.schema_of = app, server, answer, path, schema_of
         self.security, self.in_flight, self.max_body = TransportSecurityMiddleware(security), in_flight, max_body
         # Cache hints for tools/call, or middleware besides the span (replayed here) and the task one (whose
@@ -180,8 +201,8 @@ class FastCalls:
         raw = scope["headers"]
         mirrored = {name for name, _ in raw if name.startswith(_PARAM_PREFIX)}
         schema = held[1] if held is not None else None
-        if mirrored and (schema is None or not mirrored <= {
-                f"{MCP_PARAM_HEADER_PREFIX}{token}".lower().encode() for token in x_mcp_header_map(schema).values()}):
+        marked = _marked(schema) if schema is not None else frozenset()
+        if mirrored and not mirrored <= marked:
             return None  # headers no schema marks (or none to check them against): the SDK ignores them
         request = Request(scope)
         headers = request.headers
@@ -214,8 +235,7 @@ class FastCalls:
             typed = types.CallToolRequestParams.model_validate(params, by_name=False)
         except (ValidationError, KeyError):
             return None
-        if modern and schema is not None and validate_mcp_param_headers(schema, typed.arguments or {},
-                                                                        headers) is not None:
+        if modern and marked and validate_mcp_param_headers(schema, typed.arguments or {}, headers) is not None:
             return None  # a header missing or disagreeing: the SDK refuses it, in its words
         return _Plan(version, typed, message["id"], headers.get(SESSION_HEADER, ""), modern)
 

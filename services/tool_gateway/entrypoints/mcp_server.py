@@ -319,7 +319,7 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
     sessions = StatelessSessions(app, in_flight=in_flight, cancels=cancels, changes=changes, subscriptions=subscribed)
     fast = FastCalls(sessions, server, functools.partial(answer_call, ports, in_flight=in_flight), path=PATH,
                      security=security, in_flight=in_flight,
-                     schema_of=functools.partial(pipeline.call_schema, registry=ports.registry))
+                     schema_of=functools.partial(handlers.listed_schema, registry=ports.registry))
 
     async def answer_reporting(caller, params, *, cancel=None):
         return await answer_call(ports, caller, params, in_flight=in_flight, cancel=cancel, report=progress_reporter())

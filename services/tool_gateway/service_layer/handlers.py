@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 from libs.auth import Principal
 from libs.errors import Conflict, NotFound, ValidationFailed
@@ -13,7 +14,7 @@ from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, promote, roll_back, start_canary
 from services.tool_gateway.service_layer.ports import CallLog, Registry, ResultStore
 
-__all__ = ["get_call", "list_current_tools", "list_tools", "promote_canary", "register_tool", "remove_tool",
+__all__ = ["get_call", "list_current_tools", "list_tools", "listed_schema", "promote_canary", "register_tool", "remove_tool",
            "roll_back_tool", "set_canary", "visible_to"]
 
 
@@ -54,6 +55,15 @@ async def list_current_tools(registry: Registry, principal: Principal | None = N
     specs, rollouts = await asyncio.gather(list_tools(registry), registry.rollouts())
     pins = {name: r.stable for name, r in rollouts.items() if r.stable}
     return [s for s in current_versions(specs, pins) if visible_to(s, principal)]
+
+
+async def listed_schema(principal: Principal, name: str, registry: Registry) -> dict[str, Any] | None:
+    """The input schema tools/list shows `principal` for `name` (its current, stable version; a canary caller is
+    shown it too), which a 2026-07-28 client mirrors `Mcp-Param-*` headers from; None when the tool is not
+    listed to it (unknown, or not its to call: the call is refused as such, in the pipeline)."""
+    versions, rollout = await registry.lookup(name)
+    shown = current_versions(versions, {name: rollout.stable} if rollout is not None and rollout.stable else None)
+    return shown[0].input_schema if shown and visible_to(shown[0], principal) else None
 
 
 async def _versions(name: str, registry: Registry) -> tuple[list[ToolSpec], Rollout | None]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libs.auth import Principal, current_principal
-from libs.errors import DomainError, Internal, NotFound
+from libs.errors import DomainError, Internal
 from libs.logs import get_logger
 from services.tool_gateway.domain import (
     CallOutcome,
@@ -67,7 +67,7 @@ from services.tool_gateway.service_layer.resolve import not_found, resolve
 from services.tool_gateway.service_layer.status_check import timed_out
 
 __all__ = ["SYSTEM_TENANT", "Admitted", "CallCancelled", "CallPolicy", "CallPorts", "admit_call", "breaker_key",
-           "call_schema", "call_tool", "drain_detached",
+           "call_tool", "drain_detached",
            "resolve", "step_uri"]
 
 log = get_logger(__name__)
@@ -124,16 +124,6 @@ async def _route(call: ToolCall, registry: Registry) -> tuple[ToolSpec, Rollout 
     if spec is None:
         raise not_found(call.name, "", False)
     return spec, rollout, arm if rollout.canary else ""
-
-
-async def call_schema(principal: Principal, name: str, registry: Registry) -> dict[str, Any] | None:
-    """The input schema of the version a call of `name` by `principal` would run; None when there is no such tool
-    (the call itself says so)."""
-    try:
-        spec, _, _ = await _route(ToolCall(name=name, arguments={}, principal=principal), registry)
-    except NotFound:
-        return None
-    return spec.input_schema
 
 
 async def _count_arm(spec: ToolSpec, rollout: Rollout, arm: str, ok: bool, ports: CallPorts) -> None:

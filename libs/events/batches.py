@@ -26,7 +26,9 @@ order: a batch holding a key of a batch still in flight waits for that batch to 
 
 Across replicas (consumers of one group) the same order holds: before an entry is handled, the group's
 pending list says which earlier entries other consumers still hold, and an entry whose key one of them
-shares is parked until that one is settled. Entries are delivered in stream order, so an earlier entry
+shares is parked until that one is settled. An entry this consumer handled and left pending (it failed and
+waits to be retried) holds its key's later entries back the same way, here too, until it is settled or
+taken again. Entries are delivered in stream order, so an earlier entry
 is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
 parked always move on. An entry pending elsewhere for `min_idle_ms` or more (its consumer dead, or its
 failure waiting to be retried) is reclaimed at once and handled before the entries it held back. The
@@ -144,6 +146,7 @@ class BatchConsumer:
         self._entry_ids: set[str] = set()  # the entries of those batches
         self._parked: list[_Entry] = []  # waiting for an earlier entry of their key another consumer holds
         self._foreign: dict[str, Hashable] = {}  # other consumers' pending entries: id -> order (None: unknown)
+        self._retrying: dict[str, Hashable] = {}  # entries of ours that failed and wait to be retried: id -> order
         self._next_touch = self._next_claim = 0.0
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
@@ -185,6 +188,7 @@ class BatchConsumer:
             self._batches.clear()
             self._entry_ids.clear()
             self._parked.clear()  # still pending here: read back, in stream order, when reading resumes
+            self._retrying.clear()
 
     async def _read(self) -> None:
         redis = await self.bus.redis()
@@ -277,6 +281,8 @@ class BatchConsumer:
         """Park the entries an earlier entry of their key held by another consumer keeps back (with the
         parked before them, in stream order); start the rest as a batch once no batch in flight shares a
         key with it and there is room."""
+        for entry in entries:  # taken again (reclaimed): handled now, no longer waiting to be retried
+            self._retrying.pop(entry.entry_id, None)
         if self._parked:
             entries = sorted(self._parked + entries, key=lambda e: _position(e.entry_id))
             self._parked = []
@@ -295,14 +301,26 @@ class BatchConsumer:
         refreshed) from now on."""
         keys, ids = {entry.order for entry in batch}, {e.entry_id for e in batch}
         self._entry_ids |= ids
+        waited = False
         while True:
             self._reap()
             earlier_batches = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
             if not earlier_batches and len(self._batches) < self.in_flight:
                 break
+            waited = waited or bool(earlier_batches)
             await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
                                return_when=asyncio.FIRST_COMPLETED)
             await self._touch()
+        if waited and self._retrying:  # an earlier batch of these keys left an entry to retry: wait for it too
+            first = self._first_retrying()
+            back = [e for e in batch if e.order in first and first[e.order] < _position(e.entry_id)]
+            if back:
+                self._parked += back
+                self._entry_ids -= {e.entry_id for e in back}
+                batch = [e for e in batch if e.entry_id not in {b.entry_id for b in back}]
+                ids = {e.entry_id for e in batch}
+                if not batch:
+                    return
         task = asyncio.create_task(self._commit(batch, []))
         task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
         self._batches[task] = keys
@@ -314,11 +332,12 @@ class BatchConsumer:
         (the next round of the read loop), so it is handled first, here."""
         redis = await self.bus.redis()
         summary = await redis.xpending(self.key, self.group)
+        retrying = await self._still_retrying(summary) if self._retrying else {}
         others = [(_text(c["name"]), c["pending"]) for c in summary["consumers"]
                   if _text(c["name"]) != self.consumer and c["pending"]]
         if not others:
             self._foreign.clear()
-            return {}
+            return retrying
         last = max((e.entry_id for e in entries), key=_position)
         foreign, idle = [], set()
         for name, count in others:  # each consumer's whole pending list up to `last`
@@ -335,7 +354,7 @@ class BatchConsumer:
                 pipe.xrange(self.key, entry_id, entry_id, count=1)
             for entry_id, found in zip(unknown, await pipe.execute(), strict=True):
                 self._foreign[entry_id] = self._order_of(found[0][1]) if found else None
-        first: dict[Hashable, tuple[int, int]] = {}
+        first: dict[Hashable, tuple[int, int]] = dict(retrying)
         for entry_id, order in self._foreign.items():
             if order is not None:
                 position = _position(entry_id)
@@ -344,6 +363,29 @@ class BatchConsumer:
                 if entry_id in idle:
                     self._next_claim = 0.0
         return first
+
+    def _first_retrying(self) -> dict[Hashable, tuple[int, int]]:
+        """Order key -> position of the first entry of ours waiting to be retried."""
+        first: dict[Hashable, tuple[int, int]] = {}
+        for entry_id, order in self._retrying.items():
+            position = _position(entry_id)
+            if order not in first or position < first[order]:
+                first[order] = position
+        return first
+
+    async def _still_retrying(self, summary: dict) -> dict[Hashable, tuple[int, int]]:
+        """`_first_retrying` of the entries still pending here (one taken by another consumer, or settled by a
+        replay, is no longer ours to wait for); one idle for min_idle_ms is reclaimed in the next round."""
+        mine = next((c["pending"] for c in summary["consumers"] if _text(c["name"]) == self.consumer), 0)
+        ids = sorted(self._retrying, key=_position)
+        pending = await _pending_of(await self.bus.redis(), self.key, self.group, ids[0], ids[-1], mine,
+                                      self.consumer) if mine else {}
+        for entry_id in ids:
+            if entry_id not in pending:
+                del self._retrying[entry_id]
+            elif pending[entry_id] >= self.bus.min_idle_ms:
+                self._next_claim = 0.0
+        return self._first_retrying()
 
     def _order_of(self, fields: dict) -> Hashable:
         """The order of another consumer's entry, read without admitting it (None: it has none; its own
@@ -397,13 +439,18 @@ class BatchConsumer:
         return entries, done
 
     async def _commit(self, entries: list[_Entry], done: list[str]) -> None:
-        """Run the handler per tenant, then acknowledge what committed or was settled."""
+        """Run the handler per tenant, then acknowledge what committed or was settled; with an order key, what
+        is left pending to be retried holds back its key's later entries (noted before this batch counts as
+        ended)."""
         by_tenant: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tenant.setdefault(entry.envelope.tenant_id, []).append(entry)
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
         await self._ack(done)
+        if self.order_key is not None:
+            settled = set(done)
+            self._retrying.update((e.entry_id, e.order) for e in entries if e.entry_id not in settled)
 
     async def _ack(self, ids: list[str]) -> None:
         if not ids:
@@ -480,6 +527,13 @@ class BatchConsumer:
         fields = self.scrub(entry.fields) if self.scrub else entry.fields
         await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
                                    deliveries=deliveries)
+
+
+async def _pending_of(redis, key: str, group: str, low: str, high: str, count: int,
+                        consumer: str) -> dict[str, int]:
+    """Entry id -> milliseconds since delivered, of `consumer`'s pending entries from `low` to `high`."""
+    return {_text(p["message_id"]): p["time_since_delivered"] for p in await redis.xpending_range(
+        key, group, min=low, max=high, count=count, consumername=consumer)}
 
 
 def _span_context(traceparent: str):

@@ -303,3 +303,47 @@ async def test_a_batch_slower_than_the_idle_time_is_not_taken_by_another_replica
             await b.stop()
         await redis_client.delete(buses[0].stream_name(MEMORY_ACCESS))
     assert handled == [("c1", "a1"), ("c1", "a2")]
+
+
+@pytest.mark.parametrize("same_batch_in_flight", [False, True])
+async def test_an_entry_that_failed_keeps_its_users_later_entries_back_on_its_own_consumer_until_retried(
+        bus: EventBus, db: Database, redis_client, same_batch_in_flight: bool) -> None:
+    """a1 fails once (retryable) and waits to be retried: ann's a2 is handled only after a1 is, on the same
+    consumer too; bob's b1 never waits. `same_batch_in_flight`: a2 is read while a1's batch is still in its
+    transaction (so it waits for that batch, then for a1's retry)."""
+    key = bus.stream_name(MEMORY_ACCESS)
+    for user, label in (("ann", "a1"), ("ann", "a2"), ("bob", "b1")):
+        await bus.publish(_access(user, label))
+    handled: list[tuple[str, float]] = []
+    failed: list[str] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list:
+        if same_batch_in_flight:
+            await asyncio.sleep(0.2)
+        outcomes = []
+        for e in envelopes:
+            label = e.peek().memory_ids[0]
+            if label == "a1" and not failed:
+                failed.append(label)
+                outcomes.append(RuntimeError("a1 fails its first time"))
+                continue
+            handled.append((label, time.monotonic()))
+            outcomes.append(None)
+        return outcomes
+
+    bus.min_idle_ms = 1000
+    start = time.monotonic()
+    task = asyncio.create_task(BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=1,
+                                             block_ms=20, in_flight=2, order_key=_user).run())
+    try:
+        async with asyncio.timeout(20):
+            while len(handled) < 3 or (await redis_client.xpending(key, "g"))["pending"]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+    finally:
+        await _stop(task)
+    at = dict(handled)
+    assert failed == ["a1"] and sorted(at) == ["a1", "a2", "b1"]
+    assert at["a1"] <= at["a2"]  # retried first: ann's order kept
+    assert at["a2"] - start >= 0.9  # held back until a1 was retried (idle for min_idle_ms)
+    assert at["b1"] - start < 0.9  # bob does not wait

@@ -67,6 +67,23 @@ async def _consume(bus: EventBus, db: Database, labels: list[tuple[str, str]], *
     return calls
 
 
+async def _until_handled(bus: EventBus, db: Database, handler, handled: list, count: int, *,
+                         batch_size: int) -> None:
+    """Consume with two batches in flight and a min_idle_ms of 1 s until `handled` holds `count` items and
+    nothing is pending."""
+    bus.min_idle_ms = 1000
+    task = asyncio.create_task(BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=batch_size,
+                                             block_ms=20, in_flight=2, order_key=_user).run())
+    redis = await bus.redis()
+    try:
+        async with asyncio.timeout(20):
+            while len(handled) < count or (await redis.xpending(bus.stream_name(MEMORY_ACCESS), "g"))["pending"]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+    finally:
+        await _stop(task)
+
+
 @pytest.fixture
 async def bus(redis_url: str, redis_client, streams: str):
     bus = EventBus(redis_url, consumer_name="c1", namespace=streams.replace(".", "_"))
@@ -242,17 +259,8 @@ async def test_an_entry_a_dead_replica_holds_keeps_its_users_later_entries_back_
         handled.extend((e.peek().memory_ids[0], time.monotonic()) for e in envelopes)
         return [None] * len(envelopes)
 
-    bus.min_idle_ms = 1000
     start = time.monotonic()
-    task = asyncio.create_task(BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=10,
-                                             block_ms=20, in_flight=2, order_key=_user).run())
-    try:
-        async with asyncio.timeout(20):
-            while len(handled) < 3 or (await redis_client.xpending(key, "g"))["pending"]:
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.02)
-    finally:
-        await _stop(task)
+    await _until_handled(bus, db, handler, handled, 3, batch_size=10)
     at = dict(handled)
     assert at["b1"] - start < 0.5  # not held back
     assert at["a2"] - start >= 0.9  # held back by a1 until a1 looked abandoned
@@ -307,11 +315,10 @@ async def test_a_batch_slower_than_the_idle_time_is_not_taken_by_another_replica
 
 @pytest.mark.parametrize("same_batch_in_flight", [False, True])
 async def test_an_entry_that_failed_keeps_its_users_later_entries_back_on_its_own_consumer_until_retried(
-        bus: EventBus, db: Database, redis_client, same_batch_in_flight: bool) -> None:
+        bus: EventBus, db: Database, same_batch_in_flight: bool) -> None:
     """a1 fails once (retryable) and waits to be retried: ann's a2 is handled only after a1 is, on the same
     consumer too; bob's b1 never waits. `same_batch_in_flight`: a2 is read while a1's batch is still in its
     transaction (so it waits for that batch, then for a1's retry)."""
-    key = bus.stream_name(MEMORY_ACCESS)
     for user, label in (("ann", "a1"), ("ann", "a2"), ("bob", "b1")):
         await bus.publish(_access(user, label))
     handled: list[tuple[str, float]] = []
@@ -331,17 +338,8 @@ async def test_an_entry_that_failed_keeps_its_users_later_entries_back_on_its_ow
             outcomes.append(None)
         return outcomes
 
-    bus.min_idle_ms = 1000
     start = time.monotonic()
-    task = asyncio.create_task(BatchConsumer(bus, db, MEMORY_ACCESS, "g", handler, None, batch_size=1,
-                                             block_ms=20, in_flight=2, order_key=_user).run())
-    try:
-        async with asyncio.timeout(20):
-            while len(handled) < 3 or (await redis_client.xpending(key, "g"))["pending"]:
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.02)
-    finally:
-        await _stop(task)
+    await _until_handled(bus, db, handler, handled, 3, batch_size=1)
     at = dict(handled)
     assert failed == ["a1"] and sorted(at) == ["a1", "a2", "b1"]
     assert at["a1"] <= at["a2"]  # retried first: ann's order kept

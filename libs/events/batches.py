@@ -281,8 +281,6 @@ class BatchConsumer:
         """Park the entries an earlier entry of their key held by another consumer keeps back (with the
         parked before them, in stream order); start the rest as a batch once no batch in flight shares a
         key with it and there is room."""
-        for entry in entries:  # taken again (reclaimed): handled now, no longer waiting to be retried
-            self._retrying.pop(entry.entry_id, None)
         if self._parked:
             entries = sorted(self._parked + entries, key=lambda e: _position(e.entry_id))
             self._parked = []
@@ -301,24 +299,22 @@ class BatchConsumer:
         refreshed) from now on."""
         keys, ids = {entry.order for entry in batch}, {e.entry_id for e in batch}
         self._entry_ids |= ids
-        waited = False
         while True:
             self._reap()
             earlier_batches = [task for task, held in self._batches.items() if not keys.isdisjoint(held)]
             if not earlier_batches and len(self._batches) < self.in_flight:
                 break
-            waited = waited or bool(earlier_batches)
             await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
                                return_when=asyncio.FIRST_COMPLETED)
             await self._touch()
-        if waited and self._retrying:  # an earlier batch of these keys left an entry to retry: wait for it too
+        if self._retrying:  # an earlier batch of these keys (ended since they were looked at) left one to retry
             first = self._first_retrying()
-            back = [e for e in batch if e.order in first and first[e.order] < _position(e.entry_id)]
+            back = {e.entry_id for e in batch if e.order in first and first[e.order] < _position(e.entry_id)}
             if back:
-                self._parked += back
-                self._entry_ids -= {e.entry_id for e in back}
-                batch = [e for e in batch if e.entry_id not in {b.entry_id for b in back}]
-                ids = {e.entry_id for e in batch}
+                self._parked += [e for e in batch if e.entry_id in back]
+                self._entry_ids -= back
+                batch = [e for e in batch if e.entry_id not in back]
+                keys, ids = {entry.order for entry in batch}, ids - back
                 if not batch:
                     return
         task = asyncio.create_task(self._commit(batch, []))
@@ -331,8 +327,9 @@ class BatchConsumer:
         min_idle_ms or more (its consumer dead, or a failure awaiting its retry) has it reclaimed at once
         (the next round of the read loop), so it is handled first, here."""
         redis = await self.bus.redis()
+        # Ours first: one another consumer takes meanwhile is in its pending list, read next.
+        retrying = await self._still_retrying(entries) if self._retrying else {}
         summary = await redis.xpending(self.key, self.group)
-        retrying = await self._still_retrying(summary) if self._retrying else {}
         others = [(_text(c["name"]), c["pending"]) for c in summary["consumers"]
                   if _text(c["name"]) != self.consumer and c["pending"]]
         if not others:
@@ -373,13 +370,14 @@ class BatchConsumer:
                 first[order] = position
         return first
 
-    async def _still_retrying(self, summary: dict) -> dict[Hashable, tuple[int, int]]:
+    async def _still_retrying(self, entries: list[_Entry]) -> dict[Hashable, tuple[int, int]]:
         """`_first_retrying` of the entries still pending here (one taken by another consumer, or settled by a
-        replay, is no longer ours to wait for); one idle for min_idle_ms is reclaimed in the next round."""
-        mine = next((c["pending"] for c in summary["consumers"] if _text(c["name"]) == self.consumer), 0)
+        replay, is no longer ours to wait for); one idle for min_idle_ms is reclaimed in the next round. One
+        XPENDING over the range of ids they span (what else this consumer holds there counts too)."""
         ids = sorted(self._retrying, key=_position)
-        pending = await _pending_of(await self.bus.redis(), self.key, self.group, ids[0], ids[-1], mine,
-                                      self.consumer) if mine else {}
+        most = len(self._retrying) + len(self._held()) + len(entries) + self.batch_size
+        pending = await _pending_of(await self.bus.redis(), self.key, self.group, ids[0], ids[-1], most,
+                                    self.consumer)
         for entry_id in ids:
             if entry_id not in pending:
                 del self._retrying[entry_id]
@@ -448,9 +446,13 @@ class BatchConsumer:
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
         await self._ack(done)
-        if self.order_key is not None:
+        if self.order_key is not None:  # an entry retried stays noted until it is settled
             settled = set(done)
-            self._retrying.update((e.entry_id, e.order) for e in entries if e.entry_id not in settled)
+            for entry in entries:
+                if entry.entry_id in settled:
+                    self._retrying.pop(entry.entry_id, None)
+                else:
+                    self._retrying[entry.entry_id] = entry.order
 
     async def _ack(self, ids: list[str]) -> None:
         if not ids:

@@ -313,35 +313,47 @@ async def test_a_batch_slower_than_the_idle_time_is_not_taken_by_another_replica
     assert handled == [("c1", "a1"), ("c1", "a2")]
 
 
-@pytest.mark.parametrize("same_batch_in_flight", [False, True])
+@pytest.mark.parametrize("case", ["read_meanwhile", "read_after", "fails_twice"])
 async def test_an_entry_that_failed_keeps_its_users_later_entries_back_on_its_own_consumer_until_retried(
-        bus: EventBus, db: Database, same_batch_in_flight: bool) -> None:
-    """a1 fails once (retryable) and waits to be retried: ann's a2 is handled only after a1 is, on the same
-    consumer too; bob's b1 never waits. `same_batch_in_flight`: a2 is read while a1's batch is still in its
-    transaction (so it waits for that batch, then for a1's retry)."""
-    for user, label in (("ann", "a1"), ("ann", "a2"), ("bob", "b1")):
-        await bus.publish(_access(user, label))
+        bus: EventBus, db: Database, case: str) -> None:
+    """a1 fails (retryable) and waits to be retried: ann's a2 is handled only after a1 is, on the same consumer
+    too; bob's b1 never waits. a2 is read while a1's batch is still in its transaction (read_meanwhile), or
+    once a1 has failed (read_after), or a1 fails twice and is retried in batches of ten (fails_twice)."""
+    failures = 2 if case == "fails_twice" else 1
     handled: list[tuple[str, float]] = []
-    failed: list[str] = []
+    failed: list[float] = []
 
     async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list:
-        if same_batch_in_flight:
+        if case == "read_meanwhile":
             await asyncio.sleep(0.2)
         outcomes = []
         for e in envelopes:
             label = e.peek().memory_ids[0]
-            if label == "a1" and not failed:
-                failed.append(label)
-                outcomes.append(RuntimeError("a1 fails its first time"))
+            if label == "a1" and len(failed) < failures:
+                failed.append(time.monotonic())
+                outcomes.append(RuntimeError("a1 fails"))
                 continue
             handled.append((label, time.monotonic()))
             outcomes.append(None)
         return outcomes
 
+    async def publish_a2_once_a1_failed() -> None:
+        while not failed:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # a1's batch has ended: a2 is read after it, not while it runs
+        await bus.publish(_access("ann", "a2"))
+
+    await bus.publish(_access("ann", "a1"))
+    if case == "read_meanwhile":
+        await bus.publish(_access("ann", "a2"))
+    await bus.publish(_access("bob", "b1"))
+    later = asyncio.create_task(publish_a2_once_a1_failed()) if case != "read_meanwhile" else None
     start = time.monotonic()
-    await _until_handled(bus, db, handler, handled, 3, batch_size=1)
+    await _until_handled(bus, db, handler, handled, 3, batch_size=10 if case == "fails_twice" else 1)
+    if later is not None:
+        await later
     at = dict(handled)
-    assert failed == ["a1"] and sorted(at) == ["a1", "a2", "b1"]
+    assert len(failed) == failures and sorted(at) == ["a1", "a2", "b1"]
     assert at["a1"] <= at["a2"]  # retried first: ann's order kept
-    assert at["a2"] - start >= 0.9  # held back until a1 was retried (idle for min_idle_ms)
+    assert at["a2"] - start >= 0.9 * failures  # held back until a1 was retried (idle for min_idle_ms each time)
     assert at["b1"] - start < 0.9  # bob does not wait

@@ -27,9 +27,9 @@ order: a batch holding a key of a batch still in flight waits for that batch to 
 Across replicas (consumers of one group) the same order holds: before an entry is handled, the group's
 pending list says which earlier entries other consumers still hold, and an entry whose key one of them
 shares is parked until that one is settled. An entry this consumer handled and left pending (it failed and
-waits to be retried) holds its key's later entries back the same way, here too, until it is settled or
-taken again. Entries are delivered in stream order, so an earlier entry
-is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
+waits to be retried) holds its key's later entries back the same way, here too, until it is settled (or
+another consumer takes it). Which earlier entries are unsettled is batch_order.KeyOrder's to say. Entries
+are delivered in stream order, so an earlier entry is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
 parked always move on. An entry pending elsewhere for `min_idle_ms` or more (its consumer dead, or its
 failure waiting to be retried) is reclaimed at once and handled before the entries it held back. The
 consumer keeps the entries it holds (in flight, waiting to start, or parked) fresh in the pending list,
@@ -52,6 +52,7 @@ from redis.exceptions import ResponseError
 from libs.auth import Principal, TokenVerifier
 from libs.db import ALL_TENANTS, Database
 from libs.errors import DomainError, Unauthenticated
+from libs.events.batch_order import KeyOrder, position, text
 from libs.events.bus import EventBus
 from libs.events.envelope import Envelope, MalformedEvent
 from libs.events.producers import admit
@@ -98,12 +99,6 @@ return lost
 """
 
 
-def _position(entry_id: str) -> tuple[int, int]:
-    """A stream entry id ("<ms>-<seq>") as something that sorts in stream order."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class _VerifiedOnce:
     """The consumer's TokenVerifier for one batch: each distinct credential is verified once (a producer's
     entries carry the same token), its outcome, principal or refusal, reused for the batch's other entries."""
@@ -124,10 +119,6 @@ class _VerifiedOnce:
         return outcome
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class BatchConsumer:
     def __init__(self, bus: EventBus, db: Database, stream: str, group: str, handler: BatchHandler,
                  verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
@@ -145,14 +136,14 @@ class BatchConsumer:
         self._batches: dict[asyncio.Task, frozenset] = {}  # in flight: the batch's task -> its order keys
         self._entry_ids: set[str] = set()  # the entries of those batches
         self._parked: list[_Entry] = []  # waiting for an earlier entry of their key another consumer holds
-        self._foreign: dict[str, Hashable] = {}  # other consumers' pending entries: id -> order (None: unknown)
-        self._retrying: dict[str, Hashable] = {}  # entries of ours that failed and wait to be retried: id -> order
         self._next_touch = self._next_claim = 0.0
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
         self.batch_size, self.block_ms = batch_size, block_ms
         self.key = bus.stream_name(stream)
         self.consumer = bus.consumer_name
+        # Which earlier entries of a key are still unsettled: other consumers', and ours waiting to be retried.
+        self._order = KeyOrder(bus, self.key, group, self.consumer, order_key) if order_key is not None else None
         self.ready = asyncio.Event()  # the group exists and reading has begun (tests wait on it)
         meter = metrics.get_meter("mnemesh.batches")
         self._handled = meter.create_counter("stream_events_handled", description="events handled, by outcome")
@@ -188,7 +179,8 @@ class BatchConsumer:
             self._batches.clear()
             self._entry_ids.clear()
             self._parked.clear()  # still pending here: read back, in stream order, when reading resumes
-            self._retrying.clear()
+            if self._order is not None:
+                self._order.retrying.clear()
 
     async def _read(self) -> None:
         redis = await self.bus.redis()
@@ -213,12 +205,12 @@ class BatchConsumer:
                 ids = await redis.xautoclaim(self.key, self.group, self.consumer, self.bus.min_idle_ms, "0-0",
                                              count=self.batch_size, justid=True)  # (redis-py: the ids alone)
                 held = self._held()
-                ids = [_text(i) for i in ids if _text(i) not in held]
+                ids = [text(i) for i in ids if text(i) not in held]
                 claimed = await redis.xclaim(self.key, self.group, self.consumer, 0, ids) if ids else []
                 # An entry deleted while pending: Redis 6.2 (embedded) answers (None, None) for it and keeps it
                 # pending (Redis 7 dropped it already); nothing is left to handle.
                 claimed = [(i, fields) for i, fields in claimed if i is not None]
-                deleted = set(ids) - {_text(i) for i, _ in claimed}
+                deleted = set(ids) - {text(i) for i, _ in claimed}
                 if deleted:
                     await redis.xack(self.key, self.group, *deleted)
                 if claimed:  # (XCLAIM counted these deliveries)
@@ -254,7 +246,7 @@ class BatchConsumer:
         held = self._held()
         if held:
             redis = await self.bus.redis()
-            lost = {_text(i) for i in await redis.eval(_TOUCH, 1, self.key, self.group, self.consumer, *sorted(held))}
+            lost = {text(i) for i in await redis.eval(_TOUCH, 1, self.key, self.group, self.consumer, *sorted(held))}
             if lost:
                 self._parked = [e for e in self._parked if e.entry_id not in lost]
 
@@ -282,15 +274,17 @@ class BatchConsumer:
         parked before them, in stream order); start the rest as a batch once no batch in flight shares a
         key with it and there is room."""
         if self._parked:
-            entries = sorted(self._parked + entries, key=lambda e: _position(e.entry_id))
+            entries = sorted(self._parked + entries, key=lambda e: position(e.entry_id))
             self._parked = []
         if not entries:
             return
-        first_held = await self._held_elsewhere(entries)
+        first_held = await self._order.first_unsettled(entries, self._held(), self.batch_size)
+        if self._order.reclaim_now:  # one holding an entry back looks abandoned: reclaimed in the next round
+            self._order.reclaim_now, self._next_claim = False, 0.0
         ready = []
         for entry in entries:
             earlier = first_held.get(entry.order)
-            (self._parked if earlier is not None and earlier < _position(entry.entry_id) else ready).append(entry)
+            (self._parked if earlier is not None and earlier < position(entry.entry_id) else ready).append(entry)
         for start in range(0, len(ready), self.batch_size):
             await self._launch(ready[start:start + self.batch_size])
 
@@ -307,9 +301,9 @@ class BatchConsumer:
             await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
                                return_when=asyncio.FIRST_COMPLETED)
             await self._touch()
-        if self._retrying:  # an earlier batch of these keys (ended since they were looked at) left one to retry
-            first = self._first_retrying()
-            back = {e.entry_id for e in batch if e.order in first and first[e.order] < _position(e.entry_id)}
+        if self._order.retrying:  # an earlier batch of these keys (ended since they were looked at) left one to retry
+            first = self._order.first_retrying()
+            back = {e.entry_id for e in batch if e.order in first and first[e.order] < position(e.entry_id)}
             if back:
                 self._parked += [e for e in batch if e.entry_id in back]
                 self._entry_ids -= back
@@ -320,79 +314,6 @@ class BatchConsumer:
         task = asyncio.create_task(self._commit(batch, []))
         task.add_done_callback(lambda _: self._entry_ids.difference_update(ids))
         self._batches[task] = keys
-
-    async def _held_elsewhere(self, entries: list[_Entry]) -> dict[Hashable, tuple[int, int]]:
-        """Order key -> position of the first entry up to the last of `entries` that another consumer of the
-        group holds. One XPENDING when this consumer is alone. An entry held back by one pending for
-        min_idle_ms or more (its consumer dead, or a failure awaiting its retry) has it reclaimed at once
-        (the next round of the read loop), so it is handled first, here."""
-        redis = await self.bus.redis()
-        # Ours first: one another consumer takes meanwhile is in its pending list, read next.
-        retrying = await self._still_retrying(entries) if self._retrying else {}
-        summary = await redis.xpending(self.key, self.group)
-        others = [(_text(c["name"]), c["pending"]) for c in summary["consumers"]
-                  if _text(c["name"]) != self.consumer and c["pending"]]
-        if not others:
-            self._foreign.clear()
-            return retrying
-        last = max((e.entry_id for e in entries), key=_position)
-        foreign, idle = [], set()
-        for name, count in others:  # each consumer's whole pending list up to `last`
-            for p in await redis.xpending_range(self.key, self.group, min="-", max=last, count=count,
-                                                consumername=name):
-                foreign.append(_text(p["message_id"]))
-                if p["time_since_delivered"] >= self.bus.min_idle_ms:
-                    idle.add(foreign[-1])
-        unknown = [i for i in foreign if i not in self._foreign]
-        self._foreign = {i: self._foreign[i] for i in foreign if i in self._foreign}
-        if unknown:
-            pipe = redis.pipeline(transaction=False)
-            for entry_id in unknown:
-                pipe.xrange(self.key, entry_id, entry_id, count=1)
-            for entry_id, found in zip(unknown, await pipe.execute(), strict=True):
-                self._foreign[entry_id] = self._order_of(found[0][1]) if found else None
-        first: dict[Hashable, tuple[int, int]] = dict(retrying)
-        for entry_id, order in self._foreign.items():
-            if order is not None:
-                position = _position(entry_id)
-                if order not in first or position < first[order]:
-                    first[order] = position
-                if entry_id in idle:
-                    self._next_claim = 0.0
-        return first
-
-    def _first_retrying(self) -> dict[Hashable, tuple[int, int]]:
-        """Order key -> position of the first entry of ours waiting to be retried."""
-        first: dict[Hashable, tuple[int, int]] = {}
-        for entry_id, order in self._retrying.items():
-            position = _position(entry_id)
-            if order not in first or position < first[order]:
-                first[order] = position
-        return first
-
-    async def _still_retrying(self, entries: list[_Entry]) -> dict[Hashable, tuple[int, int]]:
-        """`_first_retrying` of the entries still pending here (one taken by another consumer, or settled by a
-        replay, is no longer ours to wait for); one idle for min_idle_ms is reclaimed in the next round. One
-        XPENDING over the range of ids they span (what else this consumer holds there counts too)."""
-        ids = sorted(self._retrying, key=_position)
-        most = len(self._retrying) + len(self._held()) + len(entries) + self.batch_size
-        pending = await _pending_of(await self.bus.redis(), self.key, self.group, ids[0], ids[-1], most,
-                                    self.consumer)
-        for entry_id in ids:
-            if entry_id not in pending:
-                del self._retrying[entry_id]
-            elif pending[entry_id] >= self.bus.min_idle_ms:
-                self._next_claim = 0.0
-        return self._first_retrying()
-
-    def _order_of(self, fields: dict) -> Hashable:
-        """The order of another consumer's entry, read without admitting it (None: it has none; its own
-        consumer dead-letters it)."""
-        try:
-            envelope = Envelope.from_fields({_text(k): _text(v) for k, v in fields.items()})
-            return envelope.tenant_id, self.order_key(envelope)
-        except Exception:  # noqa: BLE001 - whatever it is, its own consumer admits or dead-letters it
-            return None
 
     def _reap(self) -> None:
         """Forget the batches that finished; a failure of one (Redis away) is raised here, to `run`."""
@@ -410,13 +331,13 @@ class BatchConsumer:
         verifier = _VerifiedOnce(self.verifier) if self.verifier is not None else None
         for entry_id, fields in raw:
             if fields is None:  # trimmed while pending: nothing left to handle
-                done.append(_text(entry_id))
+                done.append(text(entry_id))
                 continue
-            entry = _Entry(_text(entry_id), {})
+            entry = _Entry(text(entry_id), {})
             try:
-                entry.fields = {_text(k): v.decode("utf-8") if isinstance(v, bytes) else v for k, v in fields.items()}
+                entry.fields = {text(k): v.decode("utf-8") if isinstance(v, bytes) else v for k, v in fields.items()}
             except UnicodeDecodeError:
-                entry.fields = {_text(k): _text(v) if isinstance(v, str) else v.decode("utf-8", "replace")
+                entry.fields = {text(k): text(v) if isinstance(v, str) else v.decode("utf-8", "replace")
                                 for k, v in fields.items()}
                 await self._dead_letter(entry, MalformedEvent(field="fields", reason="are not valid UTF-8",
                                                               hint="publish every field as UTF-8 text"), 1)
@@ -446,13 +367,8 @@ class BatchConsumer:
         for tenant_id, group in by_tenant.items():
             done += await self._handle_tenant(tenant_id, group)
         await self._ack(done)
-        if self.order_key is not None:  # an entry retried stays noted until it is settled
-            settled = set(done)
-            for entry in entries:
-                if entry.entry_id in settled:
-                    self._retrying.pop(entry.entry_id, None)
-                else:
-                    self._retrying[entry.entry_id] = entry.order
+        if self._order is not None:
+            self._order.note(entries, set(done))
 
     async def _ack(self, ids: list[str]) -> None:
         if not ids:
@@ -529,13 +445,6 @@ class BatchConsumer:
         fields = self.scrub(entry.fields) if self.scrub else entry.fields
         await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
                                    deliveries=deliveries)
-
-
-async def _pending_of(redis, key: str, group: str, low: str, high: str, count: int,
-                        consumer: str) -> dict[str, int]:
-    """Entry id -> milliseconds since delivered, of `consumer`'s pending entries from `low` to `high`."""
-    return {_text(p["message_id"]): p["time_since_delivered"] for p in await redis.xpending_range(
-        key, group, min=low, max=high, count=count, consumername=consumer)}
 
 
 def _span_context(traceparent: str):

@@ -12,6 +12,7 @@ due) sets `reclaim_now`, for the consumer to reclaim it at once and handle it be
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
@@ -67,19 +68,19 @@ class KeyOrder:
         """Order key -> position of the first entry of ours waiting to be retried."""
         return _firsts(self.retrying.items())
 
-    async def first_unsettled(self, entries: list[_Ordered], held: set[str],
-                              batch_size: int) -> dict[Hashable, tuple[int, int]]:
+    async def first_unsettled(self, entries: list[_Ordered], held: set[str]) -> dict[Hashable, tuple[int, int]]:
         """Order key -> position of the first unsettled entry up to the last of `entries`: another consumer's, or
         ours waiting to be retried. `held`: the entries this consumer handles now or has parked."""
         redis = await self.bus.redis()
         # Ours first: one another consumer takes meanwhile is in its pending list, read next.
-        retrying = await self._still_retrying(len(held) + len(entries) + batch_size) if self.retrying else {}
+        if self.retrying:  # every pending entry of ours they span can be read back: what we hold, and they
+            await self._still_retrying(len(self.retrying) + len(held) + len(entries))
         summary = await redis.xpending(self.key, self.group)
         others = [(text(c["name"]), c["pending"]) for c in summary["consumers"]
                   if text(c["name"]) != self.consumer and c["pending"]]
         if not others:
             self.foreign.clear()
-            return retrying
+            return self.first_retrying()
         last = max((e.entry_id for e in entries), key=position)
         foreign, idle = [], set()
         for name, count in others:  # each consumer's whole pending list up to `last`
@@ -98,15 +99,11 @@ class KeyOrder:
                 self.foreign[entry_id] = self._order_of(found[0][1]) if found else None
         if any(self.foreign.get(entry_id) is not None for entry_id in idle):
             self.reclaim_now = True
-        first = _firsts(self.foreign.items())
-        for order, at in retrying.items():
-            if order not in first or at < first[order]:
-                first[order] = at
-        return first
+        return _firsts(itertools.chain(self.foreign.items(), self.retrying.items()))
 
-    async def _still_retrying(self, most: int) -> dict[Hashable, tuple[int, int]]:
-        """`first_retrying` of the entries still pending here; one XPENDING over the range of ids they span, for
-        at most `most` entries (what else this consumer holds there counts too)."""
+    async def _still_retrying(self, most: int) -> None:
+        """Keep noted only the entries still pending here; one XPENDING over the range of ids they span, for at
+        most `most` entries (what else this consumer holds there counts too)."""
         ids = sorted(self.retrying, key=position)
         pending = {text(p["message_id"]): p["time_since_delivered"] for p in await (await self.bus.redis())
                    .xpending_range(self.key, self.group, min=ids[0], max=ids[-1], count=most,
@@ -116,7 +113,10 @@ class KeyOrder:
                 del self.retrying[entry_id]
             elif pending[entry_id] >= self.bus.min_idle_ms:
                 self.reclaim_now = True
-        return self.first_retrying()
+
+    def reset(self) -> None:
+        """Reading starts over (Redis was away): what is pending here is read back from the stream."""
+        self.retrying.clear()
 
     def _order_of(self, fields: dict) -> Hashable:
         """The order of another consumer's entry, read without admitting it (None: it has none; its own

@@ -135,7 +135,8 @@ class BatchConsumer:
         self.in_flight, self.order_key = in_flight, order_key
         self._batches: dict[asyncio.Task, frozenset] = {}  # in flight: the batch's task -> its order keys
         self._entry_ids: set[str] = set()  # the entries of those batches
-        self._parked: list[_Entry] = []  # waiting for an earlier entry of their key another consumer holds
+        self._parked: list[_Entry] = []  # waiting for an earlier entry of their key (another consumer's, or ours
+        # awaiting its retry)
         self._next_touch = self._next_claim = 0.0
         self.bus, self.db, self.stream, self.group = bus, db, stream, group
         self.handler, self.verifier = handler, verifier
@@ -180,7 +181,7 @@ class BatchConsumer:
             self._entry_ids.clear()
             self._parked.clear()  # still pending here: read back, in stream order, when reading resumes
             if self._order is not None:
-                self._order.retrying.clear()
+                self._order.reset()
 
     async def _read(self) -> None:
         redis = await self.bus.redis()
@@ -270,15 +271,15 @@ class BatchConsumer:
         await self._start(entries)
 
     async def _start(self, entries: list[_Entry]) -> None:
-        """Park the entries an earlier entry of their key held by another consumer keeps back (with the
-        parked before them, in stream order); start the rest as a batch once no batch in flight shares a
+        """Park the entries an unsettled earlier entry of their key keeps back (another consumer's, or ours
+        awaiting its retry; with the parked before them, in stream order); start the rest as a batch once no batch in flight shares a
         key with it and there is room."""
         if self._parked:
             entries = sorted(self._parked + entries, key=lambda e: position(e.entry_id))
             self._parked = []
         if not entries:
             return
-        first_held = await self._order.first_unsettled(entries, self._held(), self.batch_size)
+        first_held = await self._order.first_unsettled(entries, self._held())
         if self._order.reclaim_now:  # one holding an entry back looks abandoned: reclaimed in the next round
             self._order.reclaim_now, self._next_claim = False, 0.0
         ready = []

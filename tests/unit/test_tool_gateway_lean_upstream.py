@@ -159,7 +159,8 @@ async def test_a_call_failing_after_the_caller_refused_the_upstreams_request_is_
 
 async def test_a_lean_call_mirrors_the_arguments_the_tools_schema_marks_x_mcp_header_in_mcp_param_headers() -> None:
     class Lean:
-        sent: list = []
+        def __init__(self) -> None:
+            self.sent: list = []
 
         async def call(self, tool, arguments, *, relay, report, asked, headers):
             self.sent.append((tool, headers))

@@ -241,7 +241,8 @@ async def test_a_call_whose_mcp_param_headers_mirror_its_marked_arguments_is_ser
 
 
 @pytest.mark.parametrize("case", ["missing", "wrong", "stray"])
-async def test_a_call_whose_mcp_param_headers_disagree_goes_to_the_sdk_with_the_schema_to_refuse_it(case) -> None:
+async def test_a_call_whose_mcp_param_headers_do_not_match_goes_to_the_sdk_with_the_schema_to_judge(case) -> None:
+    """Missing or wrong: the SDK refuses it (HEADER_MISMATCH); a header nothing marks (stray): it ignores it."""
     app, sdk, ports = await checking(ROUTE)
     message, hdrs = route_call(region="eu", parcel="p-1")
     extra = {"missing": {}, "wrong": {"mcp-param-region": "us"},

@@ -116,7 +116,7 @@ class TaskMiddleware:
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
     """`tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`, for Server.add_request_handler: the caller's own tasks
-    only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin).
+    only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin except for listing).
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
     def principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
@@ -124,6 +124,9 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
         if found is None:
             raise MCPError(types.INVALID_REQUEST, "the request carries no authenticated caller")
         return found
+
+    def invalid(exc: DomainError) -> MCPError:
+        return MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict())
 
     async def load(ctx: ServerRequestContext[Any, Any], task_id: str, wait: bool = False,
                    cancel: bool = False) -> dict[str, Any]:
@@ -135,7 +138,7 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
                 return await runner.wait(principal(ctx), task_id, poll_seconds=0.1)
             return await runner.get(principal(ctx), task_id)
         except DomainError as exc:
-            raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
+            raise invalid(exc) from None
 
     async def get_task(ctx: ServerRequestContext[Any, Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
         return wire_task(await load(ctx, params.task_id, wait=False))
@@ -173,9 +176,8 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
                          params: types.PaginatedRequestParams | None) -> dict[str, Any]:
         try:
             states, cursor = await runner.list(principal(ctx), (params.cursor or "") if params else "")
-        except DomainError as exc:  # a cursor this gateway did not give: invalid params, as the spec says
-            raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.field}: {exc.reason}",
-                           exc.to_dict()) from None
+        except DomainError as exc:  # a malformed cursor: invalid params, as the spec says
+            raise invalid(exc) from None
         return {"tasks": [wire_task(state) for state in states], **({"nextCursor": cursor} if cursor else {})}
 
     return {"tasks/get": (types.GetTaskRequestParams, get_task), "tasks/cancel": (types.CancelTaskRequestParams,

@@ -29,8 +29,8 @@ pending list says which earlier entries other consumers still hold, and an entry
 shares is parked until that one is settled. An entry this consumer handled and left pending (it failed and
 waits to be retried) holds its key's later entries back the same way, here too, until it is settled (or
 another consumer takes it). Which earlier entries are unsettled is batch_order.KeyOrder's to say. Entries
-are delivered in stream order, so an earlier entry is either settled or pending somewhere; the earliest unsettled entry of a key is never parked, so the
-parked always move on. An entry pending elsewhere for `min_idle_ms` or more (its consumer dead, or its
+are delivered in stream order, so an earlier entry is either settled or pending somewhere; the earliest
+unsettled entry of a key is never parked, so the parked always move on. An entry pending elsewhere for `min_idle_ms` or more (its consumer dead, or its
 failure waiting to be retried) is reclaimed at once and handled before the entries it held back. The
 consumer keeps the entries it holds (in flight, waiting to start, or parked) fresh in the pending list,
 so no other replica reclaims them while they wait or commit; it stops reading while `batch_size` ×
@@ -272,8 +272,8 @@ class BatchConsumer:
 
     async def _start(self, entries: list[_Entry]) -> None:
         """Park the entries an unsettled earlier entry of their key keeps back (another consumer's, or ours
-        awaiting its retry; with the parked before them, in stream order); start the rest as a batch once no batch in flight shares a
-        key with it and there is room."""
+        awaiting its retry; with the parked before them, in stream order); start the rest as a batch once no
+        batch in flight shares a key with it and there is room."""
         if self._parked:
             entries = sorted(self._parked + entries, key=lambda e: position(e.entry_id))
             self._parked = []
@@ -302,7 +302,7 @@ class BatchConsumer:
             await asyncio.wait(earlier_batches or self._batches, timeout=self.bus.min_idle_ms / 4000,
                                return_when=asyncio.FIRST_COMPLETED)
             await self._touch()
-        if self._order.retrying:  # an earlier batch of these keys (ended since they were looked at) left one to retry
+        if self._order.retrying:  # a batch of these keys that ended since they were looked at left one to retry
             first = self._order.first_retrying()
             back = {e.entry_id for e in batch if e.order in first and first[e.order] < position(e.entry_id)}
             if back:

@@ -92,7 +92,8 @@ async def test_callers_list_their_own_tasks_over_mcp_grpc_and_the_cli(redis_url:
     listed = json.loads(printed.stdout)
     assert [t["task_id"] for t in listed["tasks"]] == ids and listed["tasks"][0]["call"]["outcome"] == "ok"
     assert shown.returncode == 0, shown.stderr.decode()
-    assert shown.stdout.decode().startswith(f"task {ids[0]} (trip.report): completed") and "--cursor" in shown.stdout.decode()
+    out = shown.stdout.decode()
+    assert out.startswith(f"task {ids[0]} (trip.report): completed") and "--cursor" in out
 
 
 # The task store's listing against real Redis ------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A chain is one hash per (tenant, caller, chain id): a field per (tool, arguments hash) holding that step
 as JSON; the hash expires a TTL after its last step. A step running now is one more key (SET NX with
-the call id, expiring after the call's longest run), deleted by that call when it ends. A task is one JSON string per (tenant, task
-id) with its own TTL, listed in its caller's sorted set of tasks. Every key is built by `KeyedStore.tenant_key` (a separator no tenant id holds).
+the call id, expiring after the call's longest run), deleted by that call when it ends. A task is one JSON
+string per (tenant, task id) with its own TTL, listed in its caller's sorted set of tasks. Every key is built
+by `KeyedStore.tenant_key` (a separator no tenant id holds).
 """
 
 from __future__ import annotations

@@ -115,8 +115,9 @@ class TaskMiddleware:
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
                   refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
-    """`tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`, for Server.add_request_handler: the caller's own tasks
-    only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin except for listing).
+    """`tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`, for Server.add_request_handler: the caller's
+    own tasks only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin except for
+    listing).
     `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
 
     def principal(ctx: ServerRequestContext[Any, Any]) -> Principal:

@@ -14,8 +14,8 @@ from services.tool_gateway.domain.registry import pick_version
 from services.tool_gateway.domain.rollout import Rollout, promote, roll_back, start_canary
 from services.tool_gateway.service_layer.ports import CallLog, Registry, ResultStore
 
-__all__ = ["get_call", "list_current_tools", "list_tools", "listed_schema", "promote_canary", "register_tool", "remove_tool",
-           "roll_back_tool", "set_canary", "visible_to"]
+__all__ = ["get_call", "list_current_tools", "list_tools", "listed_schema", "promote_canary", "register_tool",
+           "remove_tool", "roll_back_tool", "set_canary", "visible_to"]
 
 
 async def register_tool(spec: ToolSpec, registry: Registry) -> ToolSpec:

@@ -7,7 +7,8 @@ an upstream): bearer auth, scopes, schema validation, Redis rate limits and brea
 call, cleaning, the audit row and its event. Also gRPC CallTool of the same tool, and both MCP paths
 again with a lean load generator (bare JSON-RPC POSTs on kept-alive connections), which spends far
 less CPU per call than the SDK client, so that what the gateway can do is not hidden behind the
-client sharing its two cores. Prints calls/s and p50/p95/p99 of each, the CPU per call of the
+client sharing its two cores; and the lean client once more, one call at a time, for the latency the gateway
+adds when no call queues for a core (at 8 concurrent callers p50 is about 8 / throughput). Prints calls/s and p50/p95/p99 of each, the CPU per call of the
 client, the upstream and the gateway in each phase, the added latency and the throughput ratio, then
 one JSON line whose `summary` has exactly direct_calls_per_s, gateway_calls_per_s, added_p50_ms,
 added_p95_ms, throughput_ratio, grpc_calls_per_s (all from the SDK client, as the issue defines them;
@@ -127,14 +128,15 @@ def _lean_request(tool: str) -> bytes:
                                                    "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
 
 
-async def _lean_calls(url: str, tool: str, token: str, total: int, warmup: int) -> tuple[float, list[float]]:
+async def _lean_calls(url: str, tool: str, token: str, total: int, warmup: int,
+                      concurrency: int = CONCURRENCY) -> tuple[float, list[float]]:
     """The same calls as `_mcp_calls` as bare 2026-07-28 JSON-RPC POSTs on kept-alive connections: a load
     generator that spends little CPU of its own, so the paths, not the client, are what is measured."""
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
                "MCP-Protocol-Version": LEAN_REVISION, "Mcp-Method": "tools/call", "Mcp-Name": tool}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    body, pool = _lean_request(tool), Http1Pool(url, max_idle=CONCURRENCY)
+    body, pool = _lean_request(tool), Http1Pool(url, max_idle=concurrency)
 
     async def one() -> None:
         async with pool.post(body, headers) as response:
@@ -143,8 +145,8 @@ async def _lean_calls(url: str, tool: str, token: str, total: int, warmup: int) 
             raise RuntimeError(f"{tool} failed: {str(answer)[:300]}")
 
     try:
-        await run_concurrently(one, warmup, CONCURRENCY)
-        return await run_concurrently(one, total, CONCURRENCY)
+        await run_concurrently(one, warmup, concurrency)
+        return await run_concurrently(one, total, concurrency)
     finally:
         await pool.aclose()
 
@@ -211,6 +213,9 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                 lean_direct = await _lean_calls(upstream_url, "echo", "", total, warmup)
             async with _cpu_per_call(total + warmup, both, cpu["lean_gateway"]):
                 lean_through = await _lean_calls(gateway_url, "fx.echo", token, total, warmup)
+            # One call at a time: what the gateway adds to a call when nothing queues on the two cores.
+            unloaded = [await _lean_calls(url, tool, key, max(total // 2, 100), warmup, concurrency=1)
+                        for url, tool, key in ((upstream_url, "echo", ""), (gateway_url, "fx.echo", token))]
     finally:
         config.unlink(missing_ok=True)
         await _drop(settings, namespace)
@@ -220,18 +225,24 @@ async def bench_tools(settings: Settings, repetitions: int, warmup: int, work_di
                "throughput_ratio": round(g["calls_per_s"] / d["calls_per_s"], 3),
                "grpc_calls_per_s": round(grpc_rate, 1)}
     ld, lg = _figures(*lean_direct), _figures(*lean_through)
+    ud, ug = (_figures(*figures) for figures in unloaded)
     lean = {"direct": ld, "gateway": lg, "added_p50_ms": round(lg["p50_ms"] - ld["p50_ms"], 3),
-            "throughput_ratio": round(lg["calls_per_s"] / ld["calls_per_s"], 3)}
+            "throughput_ratio": round(lg["calls_per_s"] / ld["calls_per_s"], 3),
+            "one_at_a_time": {"direct": ud, "gateway": ug, "added_p50_ms": round(ug["p50_ms"] - ud["p50_ms"], 3),
+                              "added_p95_ms": round(ug["p95_ms"] - ud["p95_ms"], 3)}}
     for label, f in (("direct MCP", d), ("through the gateway (MCP)", g),
                      ("through the gateway (gRPC)", _figures(grpc_rate, grpc_latencies)),
-                     ("lean client, direct", ld), ("lean client, gateway", lg)):
+                     ("lean client, direct", ld), ("lean client, gateway", lg),
+                     ("lean, 1 at a time, direct", ud), ("lean, 1 at a time, gateway", ug)):
         print(f"{label:28s} {f['calls_per_s']:8.1f} calls/s  p50 {f['p50_ms']:7.2f} ms  p95 {f['p95_ms']:7.2f} ms  "
               f"p99 {f['p99_ms']:7.2f} ms")
     print("CPU per call (ms): " + "; ".join(f"{phase}: " + ", ".join(f"{k} {v}" for k, v in figures.items())
                                            for phase, figures in cpu.items()))
     print(f"added p50 {summary['added_p50_ms']} ms, p95 {summary['added_p95_ms']} ms; "
           f"throughput ratio {summary['throughput_ratio']} ({total} calls each, {CONCURRENCY} concurrent); "
-          f"lean client: added p50 {lean['added_p50_ms']} ms, throughput ratio {lean['throughput_ratio']}")
+          f"lean client: added p50 {lean['added_p50_ms']} ms, throughput ratio {lean['throughput_ratio']}; "
+          f"one call at a time: added p50 {lean['one_at_a_time']['added_p50_ms']} ms, "
+          f"p95 {lean['one_at_a_time']['added_p95_ms']} ms")
     return {"calls": total, "concurrency": CONCURRENCY, "direct": d, "gateway": g,
             "grpc": _figures(grpc_rate, grpc_latencies), "lean_client": lean, "cpu_ms_per_call": cpu,
             "summary": summary}

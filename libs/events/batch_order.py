@@ -19,7 +19,7 @@ from typing import Protocol
 from libs.events.bus import EventBus
 from libs.events.envelope import Envelope
 
-__all__ = ["KeyOrder", "position", "text"]
+__all__ = ["KeyOrder", "position", "readable", "text"]
 
 
 def position(entry_id: str) -> tuple[int, int]:
@@ -30,6 +30,11 @@ def position(entry_id: str) -> tuple[int, int]:
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def readable(value: bytes | str) -> str:
+    """`value` as text even where it is not valid UTF-8 (bad bytes replaced): for a dead letter's copy."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class _Ordered(Protocol):

@@ -52,7 +52,7 @@ from redis.exceptions import ResponseError
 from libs.auth import Principal, TokenVerifier
 from libs.db import ALL_TENANTS, Database
 from libs.errors import DomainError, Unauthenticated
-from libs.events.batch_order import KeyOrder, position, text
+from libs.events.batch_order import KeyOrder, position, readable, text
 from libs.events.bus import EventBus
 from libs.events.envelope import Envelope, MalformedEvent
 from libs.events.producers import admit
@@ -337,9 +337,8 @@ class BatchConsumer:
             entry = _Entry(text(entry_id), {})
             try:
                 entry.fields = {text(k): v.decode("utf-8") if isinstance(v, bytes) else v for k, v in fields.items()}
-            except UnicodeDecodeError:
-                entry.fields = {text(k): text(v) if isinstance(v, str) else v.decode("utf-8", "replace")
-                                for k, v in fields.items()}
+            except UnicodeDecodeError:  # kept as far as it reads, for the dead letter
+                entry.fields = {readable(k): readable(v) for k, v in fields.items()}
                 await self._dead_letter(entry, MalformedEvent(field="fields", reason="are not valid UTF-8",
                                                               hint="publish every field as UTF-8 text"), 1)
                 done.append(entry.entry_id)
@@ -443,7 +442,11 @@ class BatchConsumer:
         reason = exc.to_dict() if isinstance(exc, DomainError) else {
             "error_type": type(exc).__name__, "field": "", "reason": str(exc) or repr(exc), "retryable": False,
             "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
-        fields = self.scrub(entry.fields) if self.scrub else entry.fields
+        try:
+            fields = self.scrub(entry.fields) if self.scrub else entry.fields
+        except Exception as failure:  # noqa: BLE001 - what could not be scrubbed is not kept; the consumer goes on
+            log.exception("dead letter not scrubbed", stream=self.key, entry_id=entry.entry_id)
+            fields = {"not_kept": f"the entry's fields could not be scrubbed ({type(failure).__name__})"}
         await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
                                    deliveries=deliveries)
 

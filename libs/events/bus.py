@@ -66,12 +66,23 @@ async def _fields_parser(msg: dict[str, Any], original: Callable[[dict[str, Any]
     for key, value in raw.items():
         name = key.decode("utf-8", "replace")
         try:
+            key.decode("utf-8")
             fields[name] = value.decode("utf-8")
         except UnicodeDecodeError:
             fields[name] = value.decode("utf-8", "replace")
             undecodable.append(name)
     body = json.dumps({"fields": fields, "undecodable": undecodable}).encode()
     return await original({**msg, "data": {_FIELDS_KEY: body}})
+
+
+def _storable(value: str) -> str:
+    """`value` as Redis can store it: a lone surrogate (a JSON escape such as \\ud800 decoded) cannot be
+    encoded as UTF-8, so it is kept as its escape."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 # XADD only while the caller's term is not older than the fence (KEYS[2]); one atomic step.
@@ -423,7 +434,8 @@ class EventBus:
             "dead.reason": json.dumps(reason, ensure_ascii=False),
         }
         # Never trimmed: a dead letter may be the only copy left, kept until someone replays or drops it.
-        await (await self.redis()).xadd(dead_letter_stream(stream), dead)
+        await (await self.redis()).xadd(dead_letter_stream(stream), {_storable(k): _storable(v)
+                                                                     for k, v in dead.items()})
         self._handled.add(1, {"stream": stream, "group": group, "outcome": "dead_letter"})
         log.warning("event dead-lettered", stream=stream, group=group, entry_id=entry_id, **reason)
 

@@ -128,6 +128,9 @@ async def test_a_poison_message_is_dead_lettered_after_n_deliveries_while_others
           "payload": "{}"}, "event_type"),
         ({"blob": b"\xff\xfe\x00"}, "blob"),
         ({"data": "x", "headers": "not a dict"}, "event_id"),
+        # a well-formed event but for one field's name
+        ({**{k.encode(): v.encode() for k, v in envelope("bad name").to_fields().items()}, b"x\xff": b"1"},
+         "x\ufffd"),
     ],
 )
 async def test_a_malformed_message_goes_to_the_dead_letter_stream_with_its_reason_and_the_consumer_goes_on(

@@ -442,3 +442,53 @@ async def test_identical_content_of_one_user_over_several_stream_batches_is_stor
     assert {r["merged_count"] for r in same} == {rounds - 1}
     distinct = await rows(writer, "SELECT count(*) AS n FROM memories WHERE idempotency_key LIKE '%-distinct-%'")
     assert distinct[0]["n"] == len(users) * rounds
+
+
+def _with_payload(fields: dict, payload: str) -> dict:
+    return {**fields, "payload": payload}
+
+
+def _nested(depth: int) -> str:
+    return '{"tenant":{"userId":"u1"},"content":"x","attributes":' + '{"a":' * depth + "1" + "}" * depth + "}"
+
+
+@pytest.mark.parametrize("poison", ["field name", "surrogate", "deep", "repeated key", "not json", "tags",
+                                    "attributes"])
+async def test_a_poison_command_is_dead_lettered_without_its_secrets_and_the_writer_goes_on(
+    writer: Settings, poison: str
+) -> None:
+    """Entries that once stopped the writer (a field name that is not UTF-8, a lone surrogate beside a secret,
+    a payload nested deeper than the JSON parser goes) or kept a secret in the dead letter (a repeated key, a
+    payload that is not JSON, a secret in a tag or an attribute): each is dead-lettered with its reason, the
+    secret nowhere in it, and the next command is stored."""
+    client = redis.asyncio.from_url(writer.redis_url)
+    stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
+    base = command(writer, write("my password is Hunter2Secret99"))
+    payload = json.loads(base["payload"])
+    entries = {
+        "field name": {**{k.encode(): v.encode() for k, v in base.items()}, b"x\xff": b"1"},
+        "surrogate": _with_payload(base, base["payload"].replace('Secret99"', 'Secret99 \\ud800"')),
+        "deep": _with_payload(base, _nested(1500)),
+        "repeated key": _with_payload(base, base["payload"][:-1] + ',"content":"benign words"}'),
+        "not json": _with_payload(base, base["payload"] + " trailing"),
+        # (refused for their empty content, with a secret elsewhere)
+        "tags": _with_payload(base, json.dumps({**payload, "content": "", "tags": ["password=Hunter2Secret99"]})),
+        "attributes": _with_payload(base, json.dumps({**payload, "content": "",
+                                                      "attributes": {"note": "password: Hunter2Secret99",
+                                                                     "password": "Hunter2Secret99"}})),
+    }
+    try:
+        await client.xadd(stream, entries[poison])
+        await client.xadd(stream, command(writer, write("stored after the poison", idempotency_key="after")))
+        with anyio.fail_after(30):
+            while not await rows(writer, "SELECT 1 FROM memories WHERE idempotency_key = 'after'"):
+                await anyio.sleep(0.05)
+            while not await client.xlen(dead_letter_stream(stream)):
+                await anyio.sleep(0.05)
+        (_, dead), = await client.xrange(dead_letter_stream(stream))
+    finally:
+        await client.aclose()
+    reason = json.loads(dead[b"dead.reason"])
+    assert reason["reason"] and not reason["retryable"], reason
+    assert not any(b"Hunter2Secret99" in value for value in dead.values()), dead
+    assert len(await rows(writer, "SELECT 1 FROM memories")) == 1

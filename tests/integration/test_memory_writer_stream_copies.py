@@ -71,3 +71,33 @@ async def test_a_forget_removes_the_forgottens_entries_from_every_stream_up_to_i
     finally:
         await redis.delete(copies.events, copies.dead_events, copies.commands, copies.dead_commands)
         await bus.stop()
+
+
+async def test_letters_whose_payloads_are_not_shaped_as_sent_do_not_stop_a_forget(redis_url: str) -> None:
+    """Dead letters hold what producers sent, however wrong: a tenant that is a string or a list, a memory id
+    that is an object, a payload nested too deep to read. A forget passes them by and removes the user's own."""
+    bus = EventBus(redis_url, consumer_name="writer-1", namespace=f"c{uuid.uuid4().hex[:8]}")
+    copies = RedisStreamCopies(bus)
+    redis = await bus.redis()
+    odd = ['{"tenant": "acme", "content": "x"}', '{"tenant": ["u1"], "content": "x"}', '["u1"]',
+           '{"tenant": {"userId": "u1"}, "attributes": ' + '{"a": ' * 1500 + '1' + '}' * 1500 + '}']
+    odd_events = ['{"memory": "u1"}', '{"memory": {"tenant": "acme"}}', '{"memoryId": {"id": "m1"}}']
+    try:
+        for payload in odd:
+            await bus.dead_letter(copies.commands, {**command("acme", "u2", "x").to_fields(), "payload": payload},
+                                  {"error_type": "malformed_event"})
+        for payload in odd_events:
+            for event_type in ("memory.written", "memory.corrected"):
+                fields = {**written("acme", "u2", "x").to_fields(), "payload": payload, "event_type": event_type}
+                await bus.dead_letter(copies.events, fields, {"error_type": "internal"})
+        await bus.dead_letter(copies.commands, command("acme", "u1", "u1 lives at 3 Pear Road").to_fields(),
+                              {"error_type": "validation"})
+
+        removed = await copies.purge("acme", "u1", [str(uuid.uuid4())], until=await copies.mark())
+
+        assert removed == 1
+        assert "u1 lives" not in "\n".join(await contents(bus, copies.dead_commands))
+        assert len(await redis.xrange(copies.dead_commands)) == len(odd)
+    finally:
+        await redis.delete(copies.events, copies.dead_events, copies.commands, copies.dead_commands)
+        await bus.stop()

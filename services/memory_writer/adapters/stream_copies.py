@@ -40,9 +40,18 @@ def _entry_id(entry_id: str) -> tuple[int, int]:
 def _payload(fields: dict[str, str], name: str) -> dict:
     try:
         payload = json.loads(fields.get(name, ""))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read: nobody's
         return {}
     return payload if isinstance(payload, dict) else {}
+
+
+def _at(value: object, *path: str) -> object:
+    """`value[path[0]][path[1]]...`; None where a step is missing or not an object (a payload is as sent)."""
+    for name in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(name)
+    return value
 
 
 class RedisStreamCopies:
@@ -79,18 +88,17 @@ class RedisStreamCopies:
             if event_type not in PERSONAL_EVENTS or fields.get(prefix + "tenant_id") != tenant_id:
                 return False
             payload = _payload(fields, prefix + "payload")
-            memory = payload.get("memory") or {}
-            owner = (memory.get("tenant") or payload.get("tenant") or {}).get("userId")
-            subject = memory.get("memoryId") or payload.get("memoryId")
+            owner = _at(payload, "memory", "tenant", "userId") or _at(payload, "tenant", "userId")
+            subject = _at(payload, "memory", "memoryId") or _at(payload, "memoryId")
             return (whole_tenant or bool(user_id and owner == user_id)
-                    or (event_type in SUBJECT_EVENTS and subject in wanted))
+                    or (event_type in SUBJECT_EVENTS and isinstance(subject, str) and subject in wanted))
 
         def command(fields: dict[str, str], prefix: str = "") -> bool:
             """A write command (`prefix`: "original." for a dead letter) of the user."""
             if fields.get(prefix + "tenant_id") != tenant_id:
                 return False
             return whole_tenant or (bool(user_id) and
-                                    (_payload(fields, prefix + "payload").get("tenant") or {}).get("userId") == user_id)
+                                    _at(_payload(fields, prefix + "payload"), "tenant", "userId") == user_id)
 
         def before(mark: str, fields: dict[str, str]) -> bool:
             """A dead letter of an entry up to `mark` of its stream (the dead-lettering may come later)."""

@@ -70,22 +70,46 @@ def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkee
 
 
 def scrub_command(fields: dict[str, str]) -> dict[str, str]:
-    """A command's fields as a dead letter may keep them: sensitive values in its content redacted, phone
-    numbers and e-mail addresses always (whatever the tenant's rule: it is stored, may change, and a
-    dead letter is written where it is not at hand).
+    """A command's fields as a dead letter may keep them: sensitive values redacted wherever they are in the
+    payload (its content, under the memory's key, and every other text, an attribute under its own key, tags),
+    phone numbers and e-mail addresses always (whatever the tenant's rule: it is stored, may change, and a
+    dead letter is written where it is not at hand); the tenant context is kept as sent, so that Forget finds
+    the letter. A payload this cannot read as the writer would (not JSON, repeated keys, nested too deep) is
+    not kept at all: what is in it cannot be checked.
 
     (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
     """
+    if "payload" not in fields:
+        return fields
     try:
-        payload = json.loads(fields.get("payload", ""))
-    except ValueError:
-        return fields
-    if not isinstance(payload, dict) or not isinstance(payload.get("content"), str):
-        return fields
-    finding = find_sensitive(str(payload.get("key", "")), payload["content"], contacts=True)
-    if finding is None:
-        return fields
-    payload["content"] = finding.redacted
-    return {**fields, "payload": json.dumps(payload, ensure_ascii=False)}
+        payload = json.loads(fields["payload"], object_pairs_hook=_unique_keys)
+        if not isinstance(payload, dict):
+            raise ValueError("not an object")
+        scrubbed = {name: value if name == "tenant" else
+                    _scrubbed(value, str(payload.get("key", "")) if name == "content" else name)
+                    for name, value in payload.items()}
+        text = json.dumps(scrubbed, ensure_ascii=False)
+    except (ValueError, RecursionError) as exc:
+        return {**fields, "payload": f"[not kept: the payload could not be read to redact it ({type(exc).__name__})]"}
+    return {**fields, "payload": text}
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are unique (the writer's parser refuses a repeated one, json.loads keeps the last)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key is repeated")
+    return found
+
+
+def _scrubbed(value: object, key: str) -> object:
+    """`value` with sensitive text redacted; a text under `key` (the memory's key for content, an attribute's
+    own name) is all sensitive when the key names a secret."""
+    if isinstance(value, str):
+        finding = find_sensitive(key, value, contacts=True)
+        return value if finding is None else finding.redacted
+    if isinstance(value, list):
+        return [_scrubbed(item, key) for item in value]
+    if isinstance(value, dict):
+        return {_scrubbed(name, ""): _scrubbed(item, name) for name, item in value.items()}
+    return value

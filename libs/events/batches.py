@@ -67,10 +67,13 @@ log = get_logger(__name__)
 # (tenant id, envelopes of that tenant, the transaction's connection) -> one outcome per envelope.
 BatchHandler = Callable[[str, list[Envelope], asyncpg.Connection], Awaitable[Sequence[BaseException | None]]]
 
-_MARK_PROCESSED = ("WITH marked AS (INSERT INTO processed_events (consumer, event_id)"
-                   " SELECT $1, e FROM unnest($2::uuid[]) AS e ON CONFLICT DO NOTHING RETURNING event_id::text AS id)"
+# Per tenant (a row from before tenants were kept, tenant_id '', counts for every tenant): libs/idempotency.py.
+_MARK_PROCESSED = ("WITH marked AS (INSERT INTO processed_events (consumer, tenant_id, event_id)"
+                   " SELECT $1, $3, e FROM unnest($2::uuid[]) AS e WHERE NOT EXISTS (SELECT 1 FROM processed_events p"
+                   " WHERE p.consumer = $1 AND p.tenant_id = '' AND p.event_id = e)"
+                   " ON CONFLICT DO NOTHING RETURNING event_id::text AS id)"
                    " SELECT coalesce(array_agg(id), '{}') FROM marked")
-_UNMARK = "DELETE FROM processed_events WHERE consumer = $1 AND event_id = ANY($2::uuid[])"
+_UNMARK = "DELETE FROM processed_events WHERE consumer = $1 AND tenant_id = $3 AND event_id = ANY($2::uuid[])"
 
 
 @dataclass
@@ -394,7 +397,7 @@ class BatchConsumer:
             try:
                 async with self.db.transaction(tenant_id) as conn:
                     first = set(await conn.fetchval(_MARK_PROCESSED, self.group,
-                                                    [e.envelope.event_id for e in entries]))
+                                                    [e.envelope.event_id for e in entries], tenant_id))
                     fresh = []
                     for i, entry in enumerate(entries):
                         if entry.envelope.event_id in first:
@@ -404,7 +407,8 @@ class BatchConsumer:
                         if fresh else []
                     failures = {i: exc for i, exc in zip(fresh, outcomes, strict=True) if exc is not None}
                     if failures:  # not done: a retry, or a replay from the dead letters, may apply them
-                        await conn.execute(_UNMARK, self.group, [entries[i].envelope.event_id for i in failures])
+                        await conn.execute(_UNMARK, self.group, [entries[i].envelope.event_id for i in failures],
+                                           tenant_id)
             except Exception as exc:  # noqa: BLE001 - classified below: retried, or each entry's failure
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))

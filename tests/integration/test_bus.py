@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -184,6 +185,22 @@ async def test_a_redelivered_event_takes_effect_once(redis_url: str, effects_tab
     finally:
         await bus.stop()
     assert await effects(effects_table) == [(same.event_id, "c1")]
+
+
+async def test_an_event_id_marks_an_event_done_for_its_own_tenant_only(effects_table: Database) -> None:
+    """Producers choose event ids: the same id in another tenant is another event; a mark from before marks were
+    per tenant (tenant '') counts for every tenant."""
+    async def handle(env: Envelope, conn) -> None:
+        await conn.execute("INSERT INTO effects (event_id, handled_by) VALUES ($1, $2)", env.event_id, env.tenant_id)
+
+    wrapped = idempotent(effects_table, "g", handle)
+    first, legacy = envelope("t1's event"), envelope("marked before tenants were kept")
+    twin = dataclasses.replace(envelope("t2's event", tenant="t2"), event_id=first.event_id)
+    async with effects_table.transaction("t1") as conn:
+        await conn.execute("INSERT INTO processed_events (consumer, event_id) VALUES ('g', $1)", legacy.event_id)
+    for env in (first, twin, first, twin, legacy):
+        await wrapped(env)
+    assert sorted(await effects(effects_table)) == sorted([(first.event_id, "t1"), (first.event_id, "t2")])
 
 
 async def test_trimming_never_removes_entries_a_group_has_not_acknowledged(

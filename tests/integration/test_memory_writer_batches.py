@@ -492,3 +492,31 @@ async def test_a_poison_command_is_dead_lettered_without_its_secrets_and_the_wri
     assert reason["reason"] and not reason["retryable"], reason
     assert not any(b"Hunter2Secret99" in value for value in dead.values()), dead
     assert len(await rows(writer, "SELECT 1 FROM memories")) == 1
+
+
+async def test_one_event_id_in_two_tenants_is_two_commands_and_a_mark_from_before_tenants_still_counts(
+    writer: Settings
+) -> None:
+    """Producers choose event ids: another tenant's command with the same id (a uuid5 of one business key, say)
+    is its own command, not a redelivery; an id marked before marks were per tenant is done for every tenant."""
+    client = redis.asyncio.from_url(writer.redis_url)
+    stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
+    acme = command(writer, write("acme fact", idempotency_key="a1"))
+    globex = {**command(writer, write("globex fact", idempotency_key="g1"), tenant="globex"),
+              "event_id": acme["event_id"]}
+    legacy = command(writer, write("marked before the upgrade", idempotency_key="old"))
+    conn = await asyncpg.connect(writer.database_url, server_settings={"search_path": f"{writer.namespace}_memory_writer"})
+    try:
+        await conn.execute("INSERT INTO processed_events (consumer, event_id) VALUES ('memory-writer', $1)",
+                           uuid.UUID(legacy["event_id"]))
+        for fields in (acme, globex, legacy):
+            await client.xadd(stream, fields)
+        with anyio.fail_after(30):
+            while (await client.xpending(stream, "memory-writer"))["pending"] or \
+                    await client.xlen(stream) or len(await rows(writer, "SELECT 1 FROM memories")) < 2:
+                await anyio.sleep(0.05)
+    finally:
+        await conn.close()
+        await client.aclose()
+    stored = await rows(writer, "SELECT tenant_id, idempotency_key FROM memories ORDER BY tenant_id")
+    assert [(r["tenant_id"], r["idempotency_key"]) for r in stored] == [("acme", "a1"), ("globex", "g1")]

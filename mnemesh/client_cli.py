@@ -27,7 +27,7 @@ from libs.protogen.mnemesh.v1 import (
 )
 from libs.rpc import channel, error_detail
 from mnemesh.adapter_cli import add_adapter_commands
-from mnemesh.memory_cli import add_memory_commands
+from mnemesh.memory_cli import OneLineErrors, add_memory_commands, count_arg, tenant_arg, text_arg
 from mnemesh.tools_cli import add_tools_commands
 from mnemesh.tools_register_cli import add_register_command
 from mnemesh.session_cli import add_session_commands
@@ -109,22 +109,24 @@ def add_client_commands(sub: argparse._SubParsersAction, settings_of: Callable[[
         return lambda ns: fn(settings_of(), ns)
 
     def identity(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--tenant", default="default", help="tenant of the minted token (default: default)")
-        p.add_argument("--user", default="dev", help="user id (default: dev)")
+        p.add_argument("--tenant", default="default", type=tenant_arg,
+                       help="tenant of the minted token (default: default)")
+        p.add_argument("--user", default="dev", type=text_arg, help="user id (default: dev)")
 
-    memory = sub.add_parser("memory", help="write, read, correct, forget and search memories").add_subparsers(dest="verb", required=True)
+    memory = sub.add_parser("memory", help="write, read, correct, forget and search memories").add_subparsers(
+        dest="verb", required=True, parser_class=OneLineErrors)
     add_memory_commands(memory, _run, settings_of, identity)
     p = memory.add_parser("search", help="search memories of the tenant")
-    p.add_argument("query")
-    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("query", type=text_arg)
+    p.add_argument("--limit", type=count_arg(100, zero_means=10), default=10, help="0 (means 10) to 100")
     p.add_argument("--layer", action="append", choices=list(LAYERS))
-    p.add_argument("--for-user", default="", help="only this user's memories")
+    p.add_argument("--for-user", default="", type=text_arg, help="only this user's memories")
     p.add_argument("--mode", default="full", choices=["dense", "sparse", "hybrid", "full"])
     p.add_argument("--fusion", default="", choices=["", "score", "rrf"], help="default: score")
     p.add_argument("--two-stage", action="store_true", help="sparse candidates, then dense re-ranking")
     p.add_argument("--route", default="", choices=["", "semantic", "auto", "structured"],
                    help="auto: the memory router sends entity keys, attribute comparisons and ids to the structured path")
-    p.add_argument("--tag", action="append", help="memories carrying every tag given")
+    p.add_argument("--tag", action="append", type=text_arg, help="memories carrying every tag given")
     p.add_argument("--json", action="store_true", help="the reply as one JSON line")
     identity(p)
     p.set_defaults(func=bind(memory_search))

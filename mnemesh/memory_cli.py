@@ -3,6 +3,8 @@
 
 Each verb calls the running memory-writer over gRPC; `--json` prints the reply as proto3 JSON (one
 object) for scripts, otherwise a line or two for people. Errors print the structured ErrorDetail.
+An argument no request can carry (bytes that are not UTF-8, a malformed tenant, a count out of range)
+is refused by argparse, naming it, with exit code 2, before anything is sent.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from google.protobuf import json_format
 
 from libs.config import Settings
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
+from libs.validation import TENANT_ID_RULE, is_tenant_id, quote
 
-__all__ = ["add_memory_commands"]
+__all__ = ["OneLineErrors", "add_memory_commands", "count_arg", "tenant_arg", "text_arg"]
 
 LAYERS = {name.removeprefix("MEMORY_LAYER_").lower(): value
           for name, value in common_pb2.MemoryLayer.items() if value}
@@ -26,6 +29,47 @@ _STATUS = {v: n.removeprefix("WRITE_STATUS_").lower() for n, v in memory_pb2.Wri
 _MEMORY_STATUS = {v: n.removeprefix("MEMORY_STATUS_").lower() for n, v in common_pb2.MemoryStatus.items()}
 CONTACTS = {"default": memory_pb2.CONTACTS_POLICY_UNSPECIFIED, "sensitive": memory_pb2.CONTACTS_POLICY_SENSITIVE,
             "plain": memory_pb2.CONTACTS_POLICY_PLAIN}
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A verb's parser whose usage errors are one line: the argument, what is wrong, what to do."""
+
+    def error(self, message: str):  # argparse's own: the usage, then the message
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def text_arg(value: str) -> str:
+    """An argument that becomes text in a request. Bytes of argv that are not UTF-8 reach Python as lone
+    surrogates (surrogateescape), which no protobuf string can hold."""
+    bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+    if bad is None:
+        return value
+    char = value[bad]
+    what = f"the byte 0x{ord(char) - 0xDC00:02x}" if "\udc80" <= char <= "\udcff" else f"U+{ord(char):04X}"
+    raise argparse.ArgumentTypeError(f"is not valid UTF-8 ({what} at position {bad}); pass the text UTF-8 "
+                                     "encoded (check the terminal's or the script's encoding)")
+
+
+def tenant_arg(value: str) -> str:
+    """The tenant a development token is minted for: one a token can hold."""
+    if not is_tenant_id(value):
+        raise argparse.ArgumentTypeError(f"is {quote(value)}; a tenant id is {TENANT_ID_RULE} (e.g. acme)")
+    return value
+
+
+def count_arg(most: int, zero_means: int) -> Callable[[str], int]:
+    """A count from 0 (meaning `zero_means`) to `most`, as the request's field takes it."""
+    def count(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"is {quote(value)}, not a whole number; give 0 (means "
+                                             f"{zero_means}) to {most}") from None
+        if not 0 <= number <= most:
+            raise argparse.ArgumentTypeError(f"is {number}; give 0 (means {zero_means}) to {most}")
+        return number
+
+    return count
 
 
 def _show(ns: argparse.Namespace, reply, text: str) -> None:
@@ -140,41 +184,43 @@ def add_memory_commands(memory: argparse._SubParsersAction, run: Callable[..., i
         return p
 
     p = verb("write", "write one memory; prints its id and what happened")
-    p.add_argument("content")
+    p.add_argument("content", type=text_arg)
     p.add_argument("--layer", choices=list(LAYERS), default="long_term")
     p.add_argument("--source", choices=list(SOURCES), default="user_statement")
-    p.add_argument("--session", default="")
-    p.add_argument("--key", default="", help="entity key, e.g. user.phone (entity layer)")
-    p.add_argument("--step-id", default="", help="the step id (step layer)")
-    p.add_argument("--tag", action="append")
-    p.add_argument("--idempotency-key", default="")
-    verb("get", "one memory (sensitive values redacted without memory:sensitive)").add_argument("memory_id")
-    verb("history", "every value an entity key has had").add_argument("key")
+    p.add_argument("--session", default="", type=text_arg)
+    p.add_argument("--key", default="", type=text_arg, help="entity key, e.g. user.phone (entity layer)")
+    p.add_argument("--step-id", default="", type=text_arg, help="the step id (step layer)")
+    p.add_argument("--tag", action="append", type=text_arg)
+    p.add_argument("--idempotency-key", default="", type=text_arg)
+    verb("get", "one memory (sensitive values redacted without memory:sensitive)").add_argument("memory_id",
+                                                                                                type=text_arg)
+    verb("history", "every value an entity key has had").add_argument("key", type=text_arg)
     p = verb("correct", "a new L1 value for an entity key (supersedes the current one)")
-    p.add_argument("key")
-    p.add_argument("content")
-    p.add_argument("--reason", default="")
-    p.add_argument("--idempotency-key", default="")
+    p.add_argument("key", type=text_arg)
+    p.add_argument("content", type=text_arg)
+    p.add_argument("--reason", default="", type=text_arg)
+    p.add_argument("--idempotency-key", default="", type=text_arg)
     p = verb("confirm", "the user confirmed a memory: it becomes L1")
-    p.add_argument("memory_id")
-    p.add_argument("--reason", default="")
+    p.add_argument("memory_id", type=text_arg)
+    p.add_argument("--reason", default="", type=text_arg)
     p = verb("forget", "forget one memory, or every memory of a user")
-    p.add_argument("memory_id", nargs="?")
-    p.add_argument("--for-user", default="", help="whose memories (yours when empty)")
+    p.add_argument("memory_id", nargs="?", type=text_arg)
+    p.add_argument("--for-user", default="", type=text_arg, help="whose memories (yours when empty)")
     p = verb("forget-tenant", "forget the whole tenant of your token: every memory, rule and key (memory:admin); "
                               "cannot be undone")
-    p.add_argument("--confirm", required=True, metavar="TENANT_ID", help="your token's tenant id, repeated")
+    p.add_argument("--confirm", required=True, metavar="TENANT_ID", type=text_arg,
+                   help="your token's tenant id, repeated")
     verb("rotate-key", "a new tenant key: every user key re-wrapped, content untouched (memory:admin)")
     p = verb("quarantine", "what the poisoning guard holds (memory:admin)")
-    p.add_argument("--for-user", default="")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--for-user", default="", type=text_arg)
+    p.add_argument("--limit", type=count_arg(500, zero_means=50), default=50, help="0 (means 50) to 500")
     for name, help_text in (("release", "release a quarantined memory to service"),
                             ("drop", "drop a quarantined memory")):
         p = verb(name, help_text)
-        p.add_argument("memory_id")
-        p.add_argument("--reason", default="")
+        p.add_argument("memory_id", type=text_arg)
+        p.add_argument("--reason", default="", type=text_arg)
     p = verb("compress", "compress a session's history into a summary memory")
-    p.add_argument("session_id")
+    p.add_argument("session_id", type=text_arg)
     p.add_argument("--strategy", choices=["extractive", "abstractive", "hybrid"], default="extractive")
     p.add_argument("--force", action="store_true")
     p = verb("policy", "the tenant's write rules: shown, or set with --contacts (memory:admin)")

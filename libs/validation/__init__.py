@@ -1,6 +1,6 @@
 """Input rules shared by every entry point (gRPC requests, stream commands, MCP): one rule in one place."""
 
-from libs.validation._messages import LIMITS, Limit, check_message
+from libs.validation._messages import LIMITS, Limit, check_items, check_message
 from libs.validation._rules import (
     MAX_TERM_CHARS,
     QUOTE_CHARS,
@@ -8,6 +8,7 @@ from libs.validation._rules import (
     TENANT_ID,
     TENANT_ID_RULE,
     TIMESTAMP_RANGE,
+    canonical_uuid,
     check_content,
     check_finite,
     check_identifier,
@@ -18,9 +19,11 @@ from libs.validation._rules import (
     check_uuid,
     is_tenant_id,
     quote,
+    shows_something,
     visible,
 )
 
 __all__ = ["LIMITS", "MAX_TERM_CHARS", "QUOTE_CHARS", "SESSION_ID", "TENANT_ID", "TENANT_ID_RULE", "TIMESTAMP_RANGE",
-           "Limit", "check_content", "check_finite", "check_identifier", "check_message", "check_session_id",
-           "check_tenant_id", "check_text", "check_timestamp", "check_uuid", "is_tenant_id", "quote", "visible"]
+           "Limit", "canonical_uuid", "check_content", "check_finite", "check_identifier", "check_items",
+           "check_message", "check_session_id", "check_tenant_id", "check_text", "check_timestamp",
+           "check_uuid", "is_tenant_id", "quote", "shows_something", "visible"]

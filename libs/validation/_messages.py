@@ -5,11 +5,16 @@ trees) and applies the shared rules: text without NUL or lone surrogates and wit
 length, identifiers and tenants by format, known enum values, finite numbers, timestamps in
 range, Struct values bounded in size and depth. The limits of each field live in `LIMITS`,
 one table; the README's section 'Input limits' and the protos' comments state the same numbers.
+
+It also puts the values it checks in their canonical form, in the message itself (a UUID
+lower-case), so that every handler behind the edge compares the one form the store holds.
+A repeated field of kind "each" (WriteBatch's writes) is checked for its count only: its items
+are checked one by one with `check_items`, so that a bad item fails alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -29,7 +34,7 @@ from libs.validation._rules import (
     quote,
 )
 
-__all__ = ["LIMITS", "Limit", "check_message"]
+__all__ = ["LIMITS", "Limit", "check_items", "check_message"]
 
 MAX_STRUCT_DEPTH = 20
 MAX_STRUCT_KEY_CHARS = 256
@@ -40,7 +45,7 @@ _DEFAULT_TEXT_CHARS = 1_024
 class Limit:
     """How one field is checked. `chars` applies to each string (each item of a repeated field)."""
 
-    kind: str  # text | content | identifier | tenant | session | uuid | struct | repeated enum
+    kind: str  # text | content | identifier | tenant | session | uuid | struct | message | each | enum
     chars: int = 0
     items: int = 0  # repeated fields: how many items at most
     bytes: int = 0  # Struct fields: serialized size at most
@@ -69,7 +74,8 @@ LIMITS: dict[str, dict[str, Limit]] = {
         "derived_from": _ident(128, items=64), "step_id": _ident(128), "idempotency_key": _ident(128),
         "attributes": _struct(16 * _KB)},
     "mnemesh.v1.GetMemoryRequest": {**_TENANT, "memory_id": Limit("uuid", 36)},
-    "mnemesh.v1.WriteBatchRequest": {**_TENANT, "writes": Limit("message", items=500)},
+    # Each write is checked by the service (check_items): a bad write fails alone, the call goes on.
+    "mnemesh.v1.WriteBatchRequest": {**_TENANT, "writes": Limit("each", items=500)},
     "mnemesh.v1.CorrectRequest": {**_TENANT, "key": _ident(128), "content": Limit("content", 16_000),
                                   "reason": _text(500), "idempotency_key": _ident(128)},
     "mnemesh.v1.ConfirmRequest": {**_TENANT, "memory_id": Limit("uuid", 36), "reason": _text(500)},
@@ -140,7 +146,8 @@ LIMITS: dict[str, dict[str, Limit]] = {
     "mnemesh.v1.DropRequest": {"backend_id": _ident(64)},
 }
 
-_STRING_RULES: dict[str, Callable[[str, str, int], object]] = {
+# Each returns the value in its canonical form (the same string, but for a UUID: lower-case).
+_STRING_RULES: dict[str, Callable[[str, str, int], str]] = {
     "text": check_text, "content": check_content, "identifier": check_identifier,
     "tenant": lambda v, f, n: check_tenant_id(v, f), "session": lambda v, f, n: check_session_id(v, f),
     "uuid": lambda v, f, n: check_uuid(v, f),
@@ -148,23 +155,48 @@ _STRING_RULES: dict[str, Callable[[str, str, int], object]] = {
 
 
 def check_message(message: Message, prefix: str = "") -> None:
-    """Raise ValidationFailed naming the first field of `message` that breaks its limit."""
+    """Raise ValidationFailed naming the first field of `message` that breaks its limit; put the values
+    checked in their canonical form (in `message`)."""
     limits = LIMITS.get(message.DESCRIPTOR.full_name, {})
     for fd, value in message.ListFields():
         path = f"{prefix}{fd.name}"
         limit = limits.get(fd.name)
         if fd.is_repeated:
-            most = limit.items if limit and limit.items else 1_000
-            if len(value) > most:
-                raise ValidationFailed(f"has {len(value)} items; the limit is {most}", field=path,
-                                       hint="send fewer; the README's section 'Input limits' lists every limit")
-            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-                _check_map(fd, value, path)
-                continue
-            for i, item in enumerate(value):
-                _check_value(fd, item, f"{path}[{i}]", limit)
-        else:
-            _check_value(fd, value, path, limit)
+            _check_repeated(fd, value, path, limit)
+            continue
+        canonical = _check_value(fd, value, path, limit)
+        if fd.type == FieldDescriptor.TYPE_STRING and canonical != value:
+            setattr(message, fd.name, canonical)
+
+
+def check_items(items: Sequence[Message]) -> list[ValidationFailed | None]:
+    """Each item of a field of kind "each" checked as `check_message` would: its error (the field named
+    within the item, e.g. "content"), or None."""
+    return [_item_error(item) for item in items]
+
+
+def _item_error(item: Message) -> ValidationFailed | None:
+    try:
+        check_message(item)
+    except ValidationFailed as exc:
+        return exc
+    return None
+
+
+def _check_repeated(fd: FieldDescriptor, values, path: str, limit: Limit | None) -> None:
+    most = limit.items if limit and limit.items else 1_000
+    if len(values) > most:
+        raise ValidationFailed(f"has {len(values)} items; the limit is {most}", field=path,
+                               hint="send fewer; the README's section 'Input limits' lists every limit")
+    if limit is not None and limit.kind == "each":
+        return  # the service checks each item (check_items) and reports a bad one alone
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        _check_map(fd, values, path)
+        return
+    for i, item in enumerate(values):
+        canonical = _check_value(fd, item, f"{path}[{i}]", limit)
+        if fd.type == FieldDescriptor.TYPE_STRING and canonical != item:
+            values[i] = canonical
 
 
 def _check_map(fd: FieldDescriptor, mapping, path: str) -> None:
@@ -178,15 +210,11 @@ def _check_map(fd: FieldDescriptor, mapping, path: str) -> None:
         _check_value(value_fd, mapping[key], where, limits.get("value"))
 
 
-def _check_value(fd: FieldDescriptor, value, path: str, limit: Limit | None) -> None:
+def _check_value(fd: FieldDescriptor, value, path: str, limit: Limit | None):
+    """`value` checked; for a string, its canonical form (what the rule returned)."""
     if fd.type == FieldDescriptor.TYPE_STRING:
-        kind, chars = (limit.kind, limit.chars) if limit else ("text", _DEFAULT_TEXT_CHARS)
-        if value:
-            if len(value) > max(chars, 1):
-                raise ValidationFailed(f"is {len(value)} characters; the limit is {chars}", field=path,
-                                       hint="send less; the README's section 'Input limits' lists every limit")
-            _STRING_RULES[kind](value, path, chars)
-    elif fd.type == FieldDescriptor.TYPE_ENUM:
+        return _check_string(value, path, limit)
+    if fd.type == FieldDescriptor.TYPE_ENUM:
         if fd.enum_type.values_by_number.get(value) is None:
             names = ", ".join(v.name for v in fd.enum_type.values)
             raise ValidationFailed(f"is {value}, which is not a {fd.enum_type.name}", field=path,
@@ -194,16 +222,31 @@ def _check_value(fd: FieldDescriptor, value, path: str, limit: Limit | None) -> 
     elif fd.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         check_finite(value, path)
     elif fd.type == FieldDescriptor.TYPE_MESSAGE:
-        if isinstance(value, timestamp_pb2.Timestamp):
-            check_timestamp(value.seconds, value.nanos, path)
-        elif isinstance(value, struct_pb2.Struct):
-            size = limit.bytes if limit and limit.bytes else 16 * _KB
-            if value.ByteSize() > size:
-                raise ValidationFailed(f"is {value.ByteSize()} bytes encoded; the limit is {size}", field=path,
-                                       hint="send a smaller object")
-            _check_struct(value, path, 1)
-        else:
-            check_message(value, f"{path}.")
+        _check_submessage(value, path, limit)
+    return value
+
+
+def _check_string(value: str, path: str, limit: Limit | None) -> str:
+    kind, chars = (limit.kind, limit.chars) if limit else ("text", _DEFAULT_TEXT_CHARS)
+    if not value:
+        return value
+    if len(value) > max(chars, 1):
+        raise ValidationFailed(f"is {len(value)} characters; the limit is {chars}", field=path,
+                               hint="send less; the README's section 'Input limits' lists every limit")
+    return _STRING_RULES[kind](value, path, chars)
+
+
+def _check_submessage(value: Message, path: str, limit: Limit | None) -> None:
+    if isinstance(value, timestamp_pb2.Timestamp):
+        check_timestamp(value.seconds, value.nanos, path)
+    elif isinstance(value, struct_pb2.Struct):
+        size = limit.bytes if limit and limit.bytes else 16 * _KB
+        if value.ByteSize() > size:
+            raise ValidationFailed(f"is {value.ByteSize()} bytes encoded; the limit is {size}", field=path,
+                                   hint="send a smaller object")
+        _check_struct(value, path, 1)
+    else:
+        check_message(value, f"{path}.")
 
 
 def _check_struct(struct: struct_pb2.Struct, path: str, depth: int) -> None:

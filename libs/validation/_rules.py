@@ -14,7 +14,7 @@ from libs.errors import ValidationFailed
 from libs.text import MAX_TERM_CHARS, tokenize
 
 __all__ = ["MAX_TERM_CHARS", "QUOTE_CHARS", "SESSION_ID", "TENANT_ID", "TENANT_ID_RULE", "TIMESTAMP_RANGE",
-           "check_content", "is_tenant_id",
+           "canonical_uuid", "check_content", "is_tenant_id", "shows_something",
            "check_finite", "check_identifier", "check_session_id", "check_tenant_id", "check_text",
            "check_timestamp", "check_uuid", "quote", "visible"]
 
@@ -93,12 +93,22 @@ def check_session_id(value: str, field: str = "session_id") -> str:
     return value
 
 
+_UUID_HINT = "use the id a previous call returned, e.g. 0b6f2c1e-4a53-4c1e-9a51-6ad3c3f1b2aa"
+
+
+def canonical_uuid(value: str) -> str | None:
+    """`value` in the one form ids are stored and compared in (lower-case 8-4-4-4-12), or None if no UUID."""
+    return value.lower() if _UUID.fullmatch(value) else None
+
+
 def check_uuid(value: str, field: str) -> str:
-    """A server-issued id: the canonical 8-4-4-4-12 hexadecimal UUID form, returned lower-case."""
-    if not _UUID.fullmatch(value):
-        raise ValidationFailed(f"is {quote(value)}, which is not a UUID", field=field,
-                               hint="use the id a previous call returned, e.g. 0b6f2c1e-4a53-4c1e-9a51-6ad3c3f1b2aa")
-    return value.lower()
+    """A server-issued id, returned in its canonical form (lower-case): "0B6F...-..." names the same memory
+    as "0b6f...-...", so every entry point must hand on the one form the store compares."""
+    canonical = canonical_uuid(value)
+    if canonical is None:
+        said = "is required" if not value else f"is {quote(value)}, which is not a UUID"
+        raise ValidationFailed(said, field=field, hint=_UUID_HINT)
+    return canonical
 
 
 def check_timestamp(seconds: int, nanos: int, field: str) -> None:
@@ -122,10 +132,20 @@ def visible(value: str) -> str:
                    if unicodedata.category(c) not in ("Cf", "Cc", "Zl", "Zp") and c not in _INVISIBLE_EXTRA).strip()
 
 
+# Show nothing by themselves: marks (combining accents, variation selectors) modify the character before them.
+_SHOWS_NOTHING = frozenset(("Cf", "Cc", "Zl", "Zp", "Mn", "Mc", "Me"))
+
+
 def _shows_something(normal: str) -> bool:
-    """visible(value) != "" for the NFKC form `normal` of value, stopping at the first visible character."""
-    return any(not c.isspace() and c not in _INVISIBLE_EXTRA and unicodedata.category(c) not in ("Cf", "Cc", "Zl", "Zp")
+    """Whether the NFKC form `normal` of a value holds a character a reader sees by itself (not a space, an
+    invisible character, nor a mark with nothing to modify), stopping at the first."""
+    return any(not c.isspace() and c not in _INVISIBLE_EXTRA and unicodedata.category(c) not in _SHOWS_NOTHING
                for c in normal)
+
+
+def shows_something(value: str) -> bool:
+    """Whether `value` holds something to read: not only spaces, zero-width characters, BOMs or marks."""
+    return _shows_something(unicodedata.normalize("NFKC", value))
 
 
 def check_content(value: str, field: str, max_chars: int) -> str:
@@ -134,7 +154,8 @@ def check_content(value: str, field: str, max_chars: int) -> str:
     normal = unicodedata.normalize("NFKC", value)
     if not _shows_something(normal):
         raise ValidationFailed("must not be empty (it has no visible characters)", field=field,
-                               hint="send the text itself; zero-width spaces and BOMs do not count")
+                               hint="send the text itself; spaces, zero-width characters, BOMs, and combining "
+                                    "marks or variation selectors on their own do not count")
     if len(normal.lower()) <= MAX_TERM_CHARS:  # no word of the text tokenize reads can be longer
         return value
     longest = max(tokenize(value, cap=None), key=len, default="")

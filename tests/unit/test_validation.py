@@ -13,6 +13,7 @@ from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, sessions_pb2, tools
 from libs.validation import (
     LIMITS,
     check_content,
+    check_items,
     check_message,
     check_tenant_id,
     check_text,
@@ -177,3 +178,55 @@ def test_map_fields_are_checked_by_their_entry_limits() -> None:
     with pytest.raises(ValidationFailed) as err:
         check_message(request)
     assert err.value.field.startswith("documents[") and err.value.field.endswith(" key")
+
+
+UPPER_ID = "0B6F2C1E-4A53-4C1E-9A51-6AD3C3F1B2AA"
+
+
+@pytest.mark.parametrize("request_", [
+    memory_pb2.GetMemoryRequest(memory_id=UPPER_ID), memory_pb2.ForgetRequest(memory_id=UPPER_ID),
+    memory_pb2.ConfirmRequest(memory_id=UPPER_ID), memory_pb2.ReleaseRequest(memory_id=UPPER_ID),
+    memory_pb2.DropQuarantinedRequest(memory_id=UPPER_ID),
+])
+def test_the_edge_check_leaves_a_memory_id_in_the_one_form_the_store_compares(request_) -> None:
+    check_message(request_)
+    assert request_.memory_id == UPPER_ID.lower()
+
+
+def test_an_empty_id_is_said_to_be_required_not_to_be_no_uuid() -> None:
+    with pytest.raises(ValidationFailed) as err:
+        check_uuid("", "memory_id")
+    assert (err.value.field, err.value.reason) == ("memory_id", "is required")
+    assert "0b6f2c1e" in err.value.hint
+
+
+def _write(content: str, **fields) -> memory_pb2.WriteMemoryRequest:
+    fields = {"layer": 5, "source": 2, "tenant": common_pb2.TenantContext(user_id="u1"), **fields}
+    return memory_pb2.WriteMemoryRequest(content=content, **fields)
+
+
+def test_a_batch_is_checked_for_its_count_and_each_write_on_its_own() -> None:
+    writes = [_write("fine"), _write("nul \x00"), _write("bad layer", layer=99), _write("long " + "a" * 300),
+              memory_pb2.WriteMemoryRequest(tenant=common_pb2.TenantContext(user_id="u" * 129), content="x"),
+              _write("\u200b"), _write("fine too")]
+    batch = memory_pb2.WriteBatchRequest(writes=writes)
+    check_message(batch)  # a bad write is not the call's problem
+    errors = check_items(batch.writes)
+    assert [e.field if e else None for e in errors] == [None, "content", "layer", "content", "tenant.user_id",
+                                                       "content", None]
+    assert errors[1].reason == "contains a NUL character at position 4"
+    with pytest.raises(ValidationFailed) as err:
+        check_message(memory_pb2.WriteBatchRequest(writes=[_write("x")] * 501))
+    assert err.value.field == "writes" and "limit is 500" in err.value.reason
+
+
+@pytest.mark.parametrize("value", ["\u0301\u0301", "\ufe0f", " \u0301 \ufe0f\u200b", "\U000e0100", "\u20dd"])
+def test_marks_and_variation_selectors_alone_show_nothing(value: str) -> None:
+    with pytest.raises(ValidationFailed, match="must not be empty") as err:
+        check_content(value, "content", 100)
+    assert "combining marks" in err.value.hint
+
+
+@pytest.mark.parametrize("value", ["e\u0301", "\u2764\ufe0f", "\u0915\u093e", "\u0e01\u0e34"])
+def test_marks_on_a_character_are_text(value: str) -> None:
+    assert check_content(value, "content", 100) == value

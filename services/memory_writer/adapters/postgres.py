@@ -180,8 +180,8 @@ class PostgresUnitOfWork:
         await (await self._as(tenant_id)).execute(MERGED_KEY, tenant_id, idempotency_key, memory_id, request_hash)
 
     async def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
-        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1 AND memory_id::text = $2",
-                               tenant_id, memory_id)
+        return await self._one(tenant_id, "SELECT * FROM memories WHERE tenant_id = $1"
+                               " AND memory_id = $2::uuid", tenant_id, memory_id)
 
     async def _user_key(self, tenant_id: str, user_id: str, *, create: bool) -> bytes:
         if user_id not in self._user_keys:
@@ -267,7 +267,7 @@ class PostgresUnitOfWork:
             " ($3 - coalesce(engagement_at, created_at)))) / $4) + 1, engagement_at = $3,"
             " last_accessed_at = greatest(coalesce(last_accessed_at, $3), $3),"
             " status = CASE WHEN status = 5 AND key = '' THEN 1 ELSE status END"  # keyed: a newer value may be current
-            " WHERE tenant_id = $1 AND memory_id::text = ANY($2::text[])",
+            " WHERE tenant_id = $1 AND memory_id = ANY($2::uuid[])",
             tenant_id, memory_ids, at, half_life.total_seconds())
         return rowcount(status)
 
@@ -372,7 +372,8 @@ class PostgresUnitOfWork:
 
     async def delete(self, tenant_id: str, memory_ids: list[str]) -> list[str]:
         rows = await (await self._as(tenant_id)).fetch(
-            "DELETE FROM memories WHERE tenant_id = $1 AND memory_id::text = ANY($2::text[]) RETURNING memory_id::text",
+            "DELETE FROM memories WHERE tenant_id = $1 AND memory_id = ANY($2::uuid[])"
+            " RETURNING memory_id::text",
             tenant_id, memory_ids)
         return [row[0] for row in rows]
 

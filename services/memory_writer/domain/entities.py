@@ -33,11 +33,15 @@ def _refuse(reason: str, hint: str) -> ValidationFailed:
 def _digits_only(value: str, what: str, allowed: str = " -") -> str:
     text = unicodedata.normalize("NFKC", value).strip()  # full-width digits become ASCII
     cleaned = "".join(ch for ch in text if ch not in allowed)
-    if not cleaned.isascii() or not cleaned.isdigit():
+    if cleaned and (not cleaned.isascii() or not cleaned.isdigit()):  # none at all: the caller counts them
         bad = next((ch for ch in cleaned if not (ch.isascii() and ch.isdigit())), "")
         raise _refuse(f"the {what} contains {bad!r}; it may hold only digits (spaces and hyphens are ignored)",
                       f"give the {what} as digits only")
     return cleaned
+
+
+def _count(digits: str) -> str:
+    return f"{len(digits)} digits" if digits else "no digits"
 
 
 # --- Chinese mobile numbers ------------------------------------------------------------------------------
@@ -54,7 +58,7 @@ def cn_mobile(value: str) -> str:
     if len(digits) == 13 and digits.startswith("86"):
         digits = digits[2:]
     if len(digits) != 11:
-        raise _refuse(f"the phone number has {len(digits)} digits; Chinese mobile numbers have 11",
+        raise _refuse(f"the phone number has {_count(digits)}; Chinese mobile numbers have 11",
                       "ask the user for the full 11-digit mobile number, e.g. 138 1234 5678")
     if not _MOBILE_PREFIX.match(digits):
         raise _refuse(f"the phone number starts with {digits[:3]}, which is not a Chinese mobile prefix",
@@ -201,7 +205,7 @@ def bank_card(value: str) -> str:
     digits = _digits_only(value, "card number")
     hint = "ask the user to read the card number again"
     if not 12 <= len(digits) <= 19:
-        raise _refuse(f"the card number has {len(digits)} digits; bank card numbers have 12 to 19", hint)
+        raise _refuse(f"the card number has {_count(digits)}; bank card numbers have 12 to 19", hint)
     if not luhn_ok(digits):
         raise _refuse("the card number fails its check digit (Luhn); a digit is probably wrong", hint)
     return digits

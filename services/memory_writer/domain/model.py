@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 
 from libs.errors import ValidationFailed
-from libs.validation import check_content, check_tenant_id, visible
+from libs.validation import check_content, check_tenant_id, shows_something
 from services.memory_writer.domain.entities import check_entity
 from services.memory_writer.domain.sensitive import find_sensitive
 
@@ -20,6 +20,7 @@ __all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "Status", "WriteMemo
 
 MAX_CONTENT_CHARS = 16_000
 MAX_TAGS = 32
+MAX_TAG_CHARS = 64
 WEAK_TTL = timedelta(hours=24)
 
 
@@ -179,6 +180,22 @@ def request_fingerprint(cmd: WriteMemory) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_tags(tags: tuple[str, ...]) -> None:
+    """At most MAX_TAGS tags, each 1 to MAX_TAG_CHARS characters with something to read (the edge checks
+    a tag's characters, but lets an empty one through: whether it is required is this rule's to say)."""
+    if len(tags) > MAX_TAGS:
+        raise ValidationFailed(f"has {len(tags)} tags; the limit is {MAX_TAGS}", field="tags",
+                               hint=f"keep the {MAX_TAGS} tags that matter most")
+    for i, tag in enumerate(tags):
+        if not shows_something(tag):
+            said = "is empty" if not tag else "has no visible characters"
+            raise ValidationFailed(said, field=f"tags[{i}]",
+                                   hint=f"remove it, or give the tag 1 to {MAX_TAG_CHARS} visible characters")
+        if len(tag) > MAX_TAG_CHARS:
+            raise ValidationFailed(f"is {len(tag)} characters; the limit is {MAX_TAG_CHARS}",
+                                   field=f"tags[{i}]", hint="shorten the tag")
+
+
 def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,
                contacts_sensitive: bool = False) -> MemoryRecord:
     """Validate `cmd` and build the record; ValidationFailed names the first bad field.
@@ -188,7 +205,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
     """
     now = now or datetime.now(UTC)
     check_tenant_id(cmd.tenant_id, "tenant.tenant_id")
-    if not visible(cmd.user_id):
+    if not shows_something(cmd.user_id):
         raise ValidationFailed("is required", field="tenant.user_id", hint="say which user the memory belongs to")
     layer = _enum(Layer, cmd.layer, "layer")
     source = _enum(Source, cmd.source, "source")
@@ -199,8 +216,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
                                hint="give each tool result its unique step_id")
     if layer is Layer.ENTITY and not cmd.key:
         raise ValidationFailed("is required for the entity layer", field="key", hint="e.g. user.phone")
-    if len(cmd.tags) > MAX_TAGS or any(not t or len(t) > 64 for t in cmd.tags):
-        raise ValidationFailed(f"at most {MAX_TAGS} tags of 1 to 64 characters", field="tags")
+    _check_tags(cmd.tags)
     confidence = _enum(Confidence, cmd.confidence, "confidence") if cmd.confidence else _DEFAULT_CONFIDENCE[source]
     allowed = _STRONGEST_ALLOWED[source]
     if confidence < allowed:  # L1 < L2 < L3 in value, strongest first

@@ -8,10 +8,11 @@ import asyncpg
 from google.protobuf import json_format
 
 from libs.auth import current_principal
-from libs.errors import DomainError, Internal, ValidationFailed
+from libs.errors import DomainError, Internal, PermissionDenied, ValidationFailed
 from libs.logs import get_logger
 from libs.protogen.mnemesh.v1 import common_pb2, memory_pb2, memory_pb2_grpc
 from libs.rpc import Registration
+from libs.validation import check_items, quote
 from services.memory_writer.adapters.mapping import (
     command_from_proto,
     memory_to_proto,
@@ -70,6 +71,46 @@ def _detail(error: DomainError) -> common_pb2.ErrorDetail:
                                   retryable=error.retryable, hint=error.hint)
 
 
+def _batch_result(i: int, outcome: WriteResult | BaseException) -> memory_pb2.WriteBatchResult:
+    if isinstance(outcome, WriteResult):
+        return memory_pb2.WriteBatchResult(result=result_to_proto(outcome))
+    detail = _detail(write_error(outcome))
+    detail.field = f"writes[{i}].{detail.field}" if detail.field else f"writes[{i}]"
+    failed = memory_pb2.WriteMemoryResponse(status=memory_pb2.WRITE_STATUS_FAILED)
+    return memory_pb2.WriteBatchResult(result=failed, error=detail)
+
+
+def _batch_tenant(request: memory_pb2.WriteBatchRequest, refused: dict[int, DomainError]) -> str:
+    """The tenant of the call: the token's (the pipeline set it), else the first the writes name."""
+    named = (w.tenant.tenant_id for i, w in enumerate(request.writes) if i not in refused)
+    tenant = request.tenant.tenant_id or next((t for t in named if t), "")
+    if not tenant:
+        raise ValidationFailed("is required", field="tenant.tenant_id",
+                               hint="say which tenant the writes are for")
+    return tenant
+
+
+def _foreign(named: str, tenant: str) -> PermissionDenied:
+    return PermissionDenied(f"is {quote(named)}, but this WriteBatch is for tenant {tenant!r}",
+                            field="tenant.tenant_id",
+                            hint="leave it empty, or send that tenant's writes in a call of their own, with "
+                                 "a token for that tenant")
+
+
+def _at_edge(request: memory_pb2.WriteBatchRequest) -> tuple[str, dict[int, DomainError]]:
+    """The call's tenant, and the writes the edge refuses, each alone (the pipeline would refuse a whole
+    Write for them): a field breaking its limit, or a tenant other than the call's (the token decides; a
+    write can only agree)."""
+    checked = enumerate(check_items(request.writes))
+    refused: dict[int, DomainError] = {i: error for i, error in checked if error is not None}
+    tenant = _batch_tenant(request, refused)
+    for i, write in enumerate(request.writes):
+        named = write.tenant.tenant_id
+        if i not in refused and named and named != tenant:
+            refused[i] = _foreign(named, tenant)
+    return tenant, refused
+
+
 class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     def __init__(self, uow: UnitOfWorkFactory, summarizer: Summarizer | None = None,
                  triggers: Triggers = DEFAULT_TRIGGERS, policy: WritePolicy = DEFAULT_POLICY,
@@ -85,23 +126,16 @@ class MemoryWriterServicer(memory_pb2_grpc.MemoryWriterServicer):
     async def WriteBatch(self, request, context):
         if not request.writes:
             raise ValidationFailed("is empty", field="writes", hint="send 1 to 500 writes")
-        tenant = request.tenant.tenant_id or request.writes[0].tenant.tenant_id
-        if not tenant:
-            raise ValidationFailed("is required", field="tenant.tenant_id", hint="say which tenant the writes are for")
-        caller = _caller()
-        outcomes = await handlers.write_batch([command_from_proto(w, caller) for w in request.writes], self.uow,
-                                              tenant_id=tenant, policy=self.policy)
-        results = []
-        for i, outcome in enumerate(outcomes):
-            if isinstance(outcome, WriteResult):
-                results.append(memory_pb2.WriteBatchResult(result=result_to_proto(outcome)))
-                continue
-            error = write_error(outcome)
-            detail = _detail(error)
-            detail.field = f"writes[{i}].{detail.field}" if detail.field else f"writes[{i}]"
-            results.append(memory_pb2.WriteBatchResult(
-                result=memory_pb2.WriteMemoryResponse(status=memory_pb2.WRITE_STATUS_FAILED), error=detail))
-        return memory_pb2.WriteBatchResponse(results=results)
+        tenant, refused = _at_edge(request)
+        outcomes: dict[int, WriteResult | BaseException] = dict(refused)
+        accepted = [i for i in range(len(request.writes)) if i not in outcomes]
+        if accepted:
+            caller = _caller()
+            cmds = [command_from_proto(request.writes[i], caller) for i in accepted]
+            done = await handlers.write_batch(cmds, self.uow, tenant_id=tenant, policy=self.policy)
+            outcomes.update(zip(accepted, done, strict=True))
+        return memory_pb2.WriteBatchResponse(results=[_batch_result(i, outcomes[i])
+                                                      for i in range(len(request.writes))])
 
     async def Get(self, request, context):
         cmd = handlers.GetMemory(request.tenant.tenant_id, request.memory_id, reveal=_may_see_sensitive())

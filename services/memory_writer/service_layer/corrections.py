@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from libs.errors import NotFound, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.validation import check_uuid, shows_something
 from services.memory_writer.domain import (
     Confidence,
     Layer,
@@ -46,10 +47,13 @@ async def correct(cmd: CorrectEntity, uow: UnitOfWork, now: datetime | None = No
     """A new L1 value for `key`: it supersedes the current value (whatever its level); the chain is kept."""
     if not cmd.key:
         raise ValidationFailed("is required", field="key", hint="name the entity key to correct, e.g. user.name")
+    if not shows_something(cmd.user_id):  # as Write: a correction names whose value it corrects
+        raise ValidationFailed("is required", field="tenant.user_id",
+                               hint="say whose value it corrects, as a Write says whose memory it is")
     if cmd.source not in (Source.USER_STATEMENT, Source.AUTHORITATIVE_API):
         raise ValidationFailed("a correction comes from the user or an authoritative API", field="source",
                                hint="leave source empty (user statement) or use SOURCE_KIND_AUTHORITATIVE_API")
-    write = WriteMemory(tenant_id=cmd.tenant_id, user_id=cmd.user_id or cmd.requested_by, session_id=cmd.session_id,
+    write = WriteMemory(tenant_id=cmd.tenant_id, user_id=cmd.user_id, session_id=cmd.session_id,
                         layer=cmd.layer or Layer.ENTITY, source=cmd.source, content=cmd.content, key=cmd.key,
                         confidence=Confidence.L1_STRONG, idempotency_key=cmd.idempotency_key,
                         reason=cmd.reason or "corrected", written_by=cmd.requested_by)
@@ -67,13 +71,14 @@ class ConfirmMemory:
 async def confirm(cmd: ConfirmMemory, uow: UnitOfWork, now: datetime | None = None) -> tuple[MemoryRecord, str]:
     """Raise an L2/L3 memory (or a candidate) to L1; it becomes its key's current value."""
     now = now or datetime.now(UTC)
+    memory_id = check_uuid(cmd.memory_id, "memory_id")
     async with uow:
-        record = await uow.get(cmd.tenant_id, cmd.memory_id)
+        record = await uow.get(cmd.tenant_id, memory_id)
         if record is not None:  # its user's keys first (a forget waits for this unit), then the memory again
             await uow.hold_keys(cmd.tenant_id, [record.user_id])
-            record = await uow.get(cmd.tenant_id, cmd.memory_id)
+            record = await uow.get(cmd.tenant_id, memory_id)
         if record is None:
-            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+            raise NotFound(f"no memory {memory_id} for this tenant", field="memory_id",
                            hint="check the id; forgotten and expired memories are gone")
         if record.status is Status.SUPERSEDED:
             raise ValidationFailed("was superseded by a later value", field="memory_id",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from libs.crypto import CryptoError
 from libs.errors import NotFound, PermissionDenied, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.validation import check_uuid
 from services.memory_writer.domain import MemoryForgotten, MemoryRecord
 from services.memory_writer.service_layer.quarantine import (
     DropQuarantined,
@@ -64,10 +65,11 @@ async def revealed(records: list[MemoryRecord], uow: UnitOfWork) -> list[tuple[M
 
 async def get_memory(cmd: GetMemory, uow: UnitOfWork) -> tuple[MemoryRecord, bool]:
     """The memory, and whether its sensitive content was revealed (else the redacted text is shown)."""
+    memory_id = check_uuid(cmd.memory_id, "memory_id")
     async with uow:
-        record = await uow.get(cmd.tenant_id, cmd.memory_id)
+        record = await uow.get(cmd.tenant_id, memory_id)
         if record is None:
-            raise NotFound(f"no memory {cmd.memory_id} for this tenant", field="memory_id",
+            raise NotFound(f"no memory {memory_id} for this tenant", field="memory_id",
                            hint="check the id; forgotten and expired memories are gone")
         if cmd.reveal:
             return (await revealed([record], uow))[0]
@@ -117,7 +119,8 @@ async def forget(cmd: ForgetMemory, uow: UnitOfWork, copies: StreamCopies | None
     if not cmd.memory_id and not user_id:
         raise ValidationFailed("is required when memory_id is empty", field="tenant.user_id",
                                hint="name the memory, or the user whose memories to forget")
-    cmd = replace(cmd, user_id=user_id)
+    memory_id = check_uuid(cmd.memory_id, "memory_id") if cmd.memory_id else ""  # canonical: the store's form
+    cmd = replace(cmd, user_id=user_id, memory_id=memory_id)
     if not cmd.memory_id:
         _may_forget(cmd, cmd.user_id)
     async with uow:

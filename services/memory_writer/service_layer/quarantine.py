@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from libs.errors import NotFound, ValidationFailed
 from libs.eventstore import ANY_VERSION
+from libs.validation import check_uuid
 from services.memory_writer.domain import (
     MemoryCorrected,
     MemoryForgotten,
@@ -39,6 +40,7 @@ async def list_quarantine(cmd: ListQuarantine, uow: UnitOfWork) -> list[MemoryRe
 
 async def _held(uow: UnitOfWork, tenant_id: str, memory_id: str) -> MemoryRecord:
     """The quarantined memory, its user's keys held first (a forget waits for this unit), then read again."""
+    memory_id = check_uuid(memory_id, "memory_id")
     record = await uow.get(tenant_id, memory_id)
     if record is not None:
         await uow.hold_keys(tenant_id, [record.user_id])

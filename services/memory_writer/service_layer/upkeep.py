@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from libs.eventstore import ANY_VERSION
+from libs.validation import canonical_uuid
 from services.memory_writer.domain import MemoryArchived, MemoryExpired
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
@@ -47,6 +48,9 @@ async def sweep_tenant(tenant_id: str, uow: UnitOfWork, now: datetime, policy: S
 async def record_access(tenant_id: str, memory_ids: list[str], at: datetime, uow: UnitOfWork,
                         policy: SweepPolicy) -> int:
     """Raise the engagement of accessed memories (after decaying it to `at`); an archived one is current
-    again. Returns how many memories were touched."""
+    again. Returns how many memories were touched.
+
+    Ids are compared in their canonical form; one that is no UUID names no memory, so it touches none."""
+    ids = [canonical for m in memory_ids if (canonical := canonical_uuid(m)) is not None]
     async with uow:
-        return await uow.touch(tenant_id, memory_ids, at, policy.half_life)
+        return await uow.touch(tenant_id, ids, at, policy.half_life)

@@ -196,6 +196,35 @@ def _check_tags(tags: tuple[str, ...]) -> None:
                                    field=f"tags[{i}]", hint="shorten the tag")
 
 
+def _check_no_secrets(cmd: WriteMemory, contacts: bool) -> None:
+    """Tags and attributes are stored as sent (they are what a search filters by): a sensitive value there
+    would be plain text in the store, so it is refused. Content is where such a value goes: it is sealed."""
+    for i, tag in enumerate(cmd.tags):
+        _refuse_secret(tag, "", f"tags[{i}]", contacts)
+    for name, value in cmd.attributes.items():
+        _refuse_secrets_in(value, name, f"attributes[{name!r}]", contacts)
+
+
+def _refuse_secrets_in(value: object, key: str, path: str, contacts: bool) -> None:
+    """`value` under attribute `key` (a value under a key such as `password` is sensitive whole)."""
+    if isinstance(value, str):
+        _refuse_secret(value, key, path, contacts)
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _refuse_secrets_in(item, name, f"{path}[{name!r}]", contacts)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _refuse_secrets_in(item, key, f"{path}[{i}]", contacts)
+
+
+def _refuse_secret(text: str, key: str, path: str, contacts: bool) -> None:
+    finding = find_sensitive(key, text, contacts=contacts)
+    if finding is not None:
+        raise ValidationFailed(f"holds a sensitive value ({finding.kind.replace('_', ' ')}), which would be "
+                               "stored in plain text", field=path,
+                               hint="put sensitive values in content, where they are encrypted, or leave them out")
+
+
 def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,
                contacts_sensitive: bool = False) -> MemoryRecord:
     """Validate `cmd` and build the record; ValidationFailed names the first bad field.
@@ -217,6 +246,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
     if layer is Layer.ENTITY and not cmd.key:
         raise ValidationFailed("is required for the entity layer", field="key", hint="e.g. user.phone")
     _check_tags(cmd.tags)
+    _check_no_secrets(cmd, contacts_sensitive)
     confidence = _enum(Confidence, cmd.confidence, "confidence") if cmd.confidence else _DEFAULT_CONFIDENCE[source]
     allowed = _STRONGEST_ALLOWED[source]
     if confidence < allowed:  # L1 < L2 < L3 in value, strongest first

@@ -127,14 +127,16 @@ class BatchConsumer:
                  verifier: TokenVerifier | None, *, batch_size: int = 200, block_ms: int = 500,
                  delete_handled: bool = False,
                  scrub: Callable[[dict[str, str]], dict[str, str]] | None = None,
+                 scrub_reason: Callable[[str], str] | None = None,
                  in_flight: int = 1, order_key: Callable[[Envelope], Hashable] | None = None) -> None:
         """`delete_handled`: XDEL entries once acknowledged (a command stream whose entries may hold data
-        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep;
+        that must not outlive its handling); `scrub`: what a dead-lettered entry's fields keep, and
+        `scrub_reason` what of its reason's text (a parser's message may quote what was sent);
         `in_flight`: batches handled at once, entries of one tenant and `order_key` (called on admitted
         envelopes only) in stream order."""
         if in_flight < 1 or (in_flight > 1 and order_key is None):
             raise ValueError("in_flight must be 1, or more with an order_key that says which entries keep their order")
-        self.delete_handled, self.scrub = delete_handled, scrub
+        self.delete_handled, self.scrub, self.scrub_reason = delete_handled, scrub, scrub_reason
         self.in_flight, self.order_key = in_flight, order_key
         self._batches: dict[asyncio.Task, frozenset] = {}  # in flight: the batch's task -> its order keys
         self._entry_ids: set[str] = set()  # the entries of those batches
@@ -448,9 +450,14 @@ class BatchConsumer:
             "hint": "fix the handler or the event, then replay it from the dead-letter stream"}
         try:
             fields = self.scrub(entry.fields) if self.scrub else entry.fields
+            if self.scrub_reason:
+                reason = {k: self.scrub_reason(v) if isinstance(v, str) else v for k, v in reason.items()}
         except Exception as failure:  # noqa: BLE001 - what could not be scrubbed is not kept; the consumer goes on
             log.exception("dead letter not scrubbed", stream=self.key, entry_id=entry.entry_id)
-            fields = {"not_kept": f"the entry's fields could not be scrubbed ({type(failure).__name__})"}
+            fields = {name: entry.fields[name] for name in ("event_id", "event_type", "tenant_id")
+                      if name in entry.fields} | {"not_kept": f"the fields could not be scrubbed ({type(failure).__name__})"}
+            reason = {"error_type": str(reason.get("error_type", "")), "field": str(reason.get("field", "")),
+                      "reason": "[not kept: could not be scrubbed]", "retryable": False, "hint": ""}
         await self.bus.dead_letter(self.key, fields, reason, group=self.group, entry_id=entry.entry_id,
                                    deliveries=deliveries)
 

@@ -6,6 +6,7 @@ payload as proto3 JSON, so any producer can write one with a plain XADD.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -21,11 +22,15 @@ from libs.events.schema import EVENT_TYPES, EventType
 from libs.events.upcasting import UpcastError, upcast_payload
 from libs.telemetry import current_traceparent
 
-__all__ = ["CREDENTIAL_FIELD", "Envelope", "MalformedEvent"]
+__all__ = ["CREDENTIAL_FIELD", "ENVELOPE_FIELDS", "Envelope", "MalformedEvent"]
 
 # The stream field carrying a producer's JWT on command streams (see libs/events/producers.py).
 CREDENTIAL_FIELD = "auth"
 
+# Every field an envelope is written with (to_fields); a stream entry's others are not the envelope's.
+ENVELOPE_FIELDS = ("event_id", "event_type", "schema_version", "tenant_id", "occurred_at", "correlation_id",
+                   "causation_id", "traceparent", "payload", CREDENTIAL_FIELD)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _REQUIRED = ("event_id", "event_type", "schema_version", "tenant_id", "occurred_at", "payload")
 
 
@@ -177,15 +182,14 @@ class Envelope:
             occurred_at = datetime.fromisoformat(fields["occurred_at"])
         except ValueError:
             raise MalformedEvent(field="occurred_at", reason="must be an ISO 8601 timestamp") from None
-        try:
-            uuid.UUID(fields["event_id"])
-        except ValueError:
-            raise MalformedEvent(field="event_id", reason="must be a UUID") from None
+        if not _UUID.fullmatch(fields["event_id"]):
+            raise MalformedEvent(field="event_id", reason="must be a UUID (8-4-4-4-12 hexadecimal digits)",
+                                 hint="e.g. the output of uuidgen")
         envelope = cls(
             event_type=event_type,
             tenant_id=fields["tenant_id"],
             payload=fields["payload"],
-            event_id=fields["event_id"],
+            event_id=fields["event_id"].lower(),  # the one form the processed-event table gives back
             schema_version=version,
             occurred_at=occurred_at if occurred_at.tzinfo else occurred_at.replace(tzinfo=UTC),
             correlation_id=fields.get("correlation_id", ""),

@@ -49,8 +49,8 @@ def upcast_payload(event_type: str, version: int, current: int, payload: str) ->
         return payload
     try:
         data = json.loads(payload)
-    except ValueError as exc:
-        raise UpcastError(f"the payload is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UpcastError(f"the payload is not JSON that can be read ({type(exc).__name__})") from None
     for step in range(version, current):
         fn = UPCASTERS.get((event_type, step))
         if fn is None:

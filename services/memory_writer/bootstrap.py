@@ -53,7 +53,7 @@ async def bootstrap(ctx: ServiceContext) -> None:
                              block_ms=ctx.settings.memory_batch_block_ms,
                              # A command may hold a secret: once written (sealed), its entry is deleted, and a
                              # dead-lettered one keeps only the redacted text.
-                             delete_handled=True, scrub=streams.scrub_command,
+                             delete_handled=True, scrub=streams.scrub_command, scrub_reason=streams.scrub_reason,
                              # The next batch is read and checked while the last commits; one user's commands
                              # keep their order.
                              in_flight=ctx.settings.memory_batches_in_flight, order_key=streams.command_user)

@@ -453,7 +453,7 @@ def _nested(depth: int) -> str:
 
 
 @pytest.mark.parametrize("poison", ["field name", "surrogate", "deep", "repeated key", "not json", "tags",
-                                    "attributes"])
+                                    "attributes", "another field", "tenant", "echoed", "huge"])
 async def test_a_poison_command_is_dead_lettered_without_its_secrets_and_the_writer_goes_on(
     writer: Settings, poison: str
 ) -> None:
@@ -475,7 +475,15 @@ async def test_a_poison_command_is_dead_lettered_without_its_secrets_and_the_wri
         "tags": _with_payload(base, json.dumps({**payload, "content": "", "tags": ["password=Hunter2Secret99"]})),
         "attributes": _with_payload(base, json.dumps({**payload, "content": "",
                                                       "attributes": {"note": "password: Hunter2Secret99",
-                                                                     "password": "Hunter2Secret99"}})),
+                                                                     "password": "Hunter2Secret99",
+                                                                     "secret": {"value": "Hunter2Secret99"}}})),
+        "another field": {**{k: v for k, v in base.items() if k != "payload"}, "body": base["payload"]},
+        "tenant": _with_payload(base, json.dumps({**payload, "content": "", "tenant": {
+            **payload["tenant"], "password": "Hunter2Secret99"}})),
+        # a parser's message that quotes the value sent (tags must be a list)
+        "echoed": _with_payload(base, json.dumps({**payload, "tags": "password=Hunter2Secret99"})),
+        # over the size a dead letter checks, with text the e-mail pattern once took minutes on
+        "huge": _with_payload(base, json.dumps({**payload, "content": "a." * 100_000 + " password Hunter2Secret99"})),
     }
     try:
         await client.xadd(stream, entries[poison])
@@ -498,25 +506,33 @@ async def test_one_event_id_in_two_tenants_is_two_commands_and_a_mark_from_befor
     writer: Settings
 ) -> None:
     """Producers choose event ids: another tenant's command with the same id (a uuid5 of one business key, say)
-    is its own command, not a redelivery; an id marked before marks were per tenant is done for every tenant."""
+    is its own command, not a redelivery; an id marked before marks were per tenant is done for every tenant; an
+    id in capitals is the same id; one in another spelling (a URN) is refused alone."""
     client = redis.asyncio.from_url(writer.redis_url)
     stream = f"{writer.namespace}.{MEMORY_COMMANDS}"
     acme = command(writer, write("acme fact", idempotency_key="a1"))
     globex = {**command(writer, write("globex fact", idempotency_key="g1"), tenant="globex"),
               "event_id": acme["event_id"]}
     legacy = command(writer, write("marked before the upgrade", idempotency_key="old"))
+    upper = command(writer, write("an event id in capitals", idempotency_key="upper"))
+    upper["event_id"] = upper["event_id"].upper()
+    urn = command(writer, write("an event id as a URN", idempotency_key="urn"))
+    urn["event_id"] = f"urn:uuid:{urn['event_id']}"
     conn = await asyncpg.connect(writer.database_url, server_settings={"search_path": f"{writer.namespace}_memory_writer"})
     try:
         await conn.execute("INSERT INTO processed_events (consumer, event_id) VALUES ('memory-writer', $1)",
                            uuid.UUID(legacy["event_id"]))
-        for fields in (acme, globex, legacy):
+        for fields in (acme, globex, legacy, upper, urn):
             await client.xadd(stream, fields)
         with anyio.fail_after(30):
             while (await client.xpending(stream, "memory-writer"))["pending"] or \
-                    await client.xlen(stream) or len(await rows(writer, "SELECT 1 FROM memories")) < 2:
+                    await client.xlen(stream) or len(await rows(writer, "SELECT 1 FROM memories")) < 3:
                 await anyio.sleep(0.05)
+        (_, dead), = await client.xrange(dead_letter_stream(stream))
     finally:
         await conn.close()
         await client.aclose()
-    stored = await rows(writer, "SELECT tenant_id, idempotency_key FROM memories ORDER BY tenant_id")
-    assert [(r["tenant_id"], r["idempotency_key"]) for r in stored] == [("acme", "a1"), ("globex", "g1")]
+    stored = await rows(writer, "SELECT tenant_id, idempotency_key FROM memories ORDER BY tenant_id, idempotency_key")
+    assert [(r["tenant_id"], r["idempotency_key"]) for r in stored] == [("acme", "a1"), ("acme", "upper"),
+                                                                        ("globex", "g1")]
+    assert json.loads(dead[b"dead.reason"])["field"] == "event_id"  # the URN form: at once, alone

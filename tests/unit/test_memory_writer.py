@@ -81,28 +81,28 @@ def test_a_bad_write_is_refused_naming_the_field(changes: dict, bad_field: str) 
     assert err.value.error_type == "validation"
 
 
-@pytest.mark.parametrize(("changes", "bad_field"), [
-    ({"tags": ("travel", "password=Hunter2Secret99")}, "tags[1]"),
-    ({"attributes": {"note": "my password is Hunter2Secret99"}}, "attributes['note']"),
-    ({"attributes": {"wifi": {"password": "Tr1cky#Pass"}}}, "attributes['wifi']['password']"),
-    ({"attributes": {"cards": ["none", "6222 0212 3456 7890 128"]}}, "attributes['cards'][1]"),
-    ({"attributes": {"id": "身份证 33010619900101123X"}}, "attributes['id']"),
-])
-def test_a_secret_in_tags_or_attributes_is_refused_since_they_are_stored_in_plain_text(
-        changes: dict, bad_field: str) -> None:
-    with pytest.raises(ValidationFailed) as err:
-        new_memory(a_write(**changes), now=NOW)
-    assert err.value.field == bad_field and "plain text" in err.value.reason and "content" in err.value.hint
+def test_a_secret_in_tags_or_attributes_is_redacted_since_they_are_stored_as_sent() -> None:
+    write = a_write(tags=("travel", "password=Hunter2Secret99"), attributes={
+        "note": "my password is Hunter2Secret99", "wifi": {"password": "Tr1cky#Pass", "ssid": "home"},
+        "secret": {"value": "Tr1cky#Pass"}, "cards": ["none", "6222 0212 3456 7890 128"],
+        "id": "身份证 33010619900101123X", "sk-live-4fd8a9c0e1b2c3d4e5f6a7b8": 1})
+    record = new_memory(write, now=NOW)
+    stored = json.dumps([record.tags, record.attributes], ensure_ascii=False)
+    for secret in ("Hunter2Secret99", "Tr1cky#Pass", "6222 0212 3456 7890 128", "33010619900101123X", "sk-live-4fd8"):
+        assert secret not in stored, secret
+    assert record.tags[0] == "travel" and record.attributes["wifi"]["ssid"] == "home"
+    assert "[sensitive:password]" in record.tags[1] and record.attributes["secret"] == {"value": "[sensitive:secret]"}
+    assert not record.sensitive_kind  # the content holds nothing to seal
 
 
 def test_tags_and_attributes_without_secrets_are_kept_and_contacts_only_where_the_tenant_seals_them() -> None:
-    plain = a_write(tags=("travel", "订单 2024-11"), attributes={"seat": "aisle", "note": {"lang": "中文"}})
-    assert new_memory(plain, now=NOW).attributes == {"seat": "aisle", "note": {"lang": "中文"}}
+    plain = a_write(tags=("travel", "订单 2024-11"), attributes={"seat": "aisle", "note": {"lang": "中文"},
+                                                                 "trigger": "task 7: reset my password"})
+    record = new_memory(plain, now=NOW)
+    assert record.tags == ("travel", "订单 2024-11") and record.attributes == dict(plain.attributes)
     contact = a_write(tags=("call 138 1234 5678",))
     assert new_memory(contact, now=NOW).tags == ("call 138 1234 5678",)
-    with pytest.raises(ValidationFailed) as err:
-        new_memory(contact, now=NOW, contacts_sensitive=True)
-    assert err.value.field == "tags[0]"
+    assert "138" not in new_memory(contact, now=NOW, contacts_sensitive=True).tags[0]
 
 
 @pytest.mark.parametrize(("source", "confidence"), [

@@ -196,33 +196,31 @@ def _check_tags(tags: tuple[str, ...]) -> None:
                                    field=f"tags[{i}]", hint="shorten the tag")
 
 
-def _check_no_secrets(cmd: WriteMemory, contacts: bool) -> None:
-    """Tags and attributes are stored as sent (they are what a search filters by): a sensitive value there
-    would be plain text in the store, so it is refused. Content is where such a value goes: it is sealed."""
-    for i, tag in enumerate(cmd.tags):
-        _refuse_secret(tag, "", f"tags[{i}]", contacts)
-    for name, value in cmd.attributes.items():
-        _refuse_secrets_in(value, name, f"attributes[{name!r}]", contacts)
-
-
-def _refuse_secrets_in(value: object, key: str, path: str, contacts: bool) -> None:
-    """`value` under attribute `key` (a value under a key such as `password` is sensitive whole)."""
-    if isinstance(value, str):
-        _refuse_secret(value, key, path, contacts)
-    elif isinstance(value, dict):
-        for name, item in value.items():
-            _refuse_secrets_in(item, name, f"{path}[{name!r}]", contacts)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _refuse_secrets_in(item, key, f"{path}[{i}]", contacts)
-
-
-def _refuse_secret(text: str, key: str, path: str, contacts: bool) -> None:
+def _redacted_text(text: str, key: str, contacts: bool) -> str:
     finding = find_sensitive(key, text, contacts=contacts)
-    if finding is not None:
-        raise ValidationFailed(f"holds a sensitive value ({finding.kind.replace('_', ' ')}), which would be "
-                               "stored in plain text", field=path,
-                               hint="put sensitive values in content, where they are encrypted, or leave them out")
+    return text if finding is None else finding.redacted
+
+
+def _redacted(value: object, key: str, contacts: bool) -> object:
+    """`value` (under attribute `key`) with sensitive values redacted: a text under a key such as `password`
+    whole, and all below such a key."""
+    if isinstance(value, str):
+        return _redacted_text(value, key, contacts)
+    if isinstance(value, list | tuple):
+        return [_redacted(item, key, contacts) for item in value]
+    if isinstance(value, dict):
+        secret_above = bool(key) and find_sensitive(key, "-", contacts=contacts) is not None
+        return {_redacted_text(name, "", contacts): _redacted(item, key if secret_above else name, contacts)
+                for name, item in value.items()}
+    return value
+
+
+def _without_secrets(cmd: WriteMemory, contacts: bool) -> tuple[tuple[str, ...], dict]:
+    """The tags and attributes to store. They are stored as sent (searches filter by them), so a sensitive value
+    there (contacts, where the tenant seals them) is redacted as in content (`[sensitive:<kind>]`), never kept:
+    content is where such a value goes, sealed."""
+    tags = tuple(_redacted_text(tag, "", contacts) for tag in cmd.tags)
+    return tags, _redacted(dict(cmd.attributes), "", contacts)
 
 
 def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,
@@ -246,7 +244,7 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
     if layer is Layer.ENTITY and not cmd.key:
         raise ValidationFailed("is required for the entity layer", field="key", hint="e.g. user.phone")
     _check_tags(cmd.tags)
-    _check_no_secrets(cmd, contacts_sensitive)
+    tags, attributes = _without_secrets(cmd, contacts_sensitive)
     confidence = _enum(Confidence, cmd.confidence, "confidence") if cmd.confidence else _DEFAULT_CONFIDENCE[source]
     allowed = _STRONGEST_ALLOWED[source]
     if confidence < allowed:  # L1 < L2 < L3 in value, strongest first
@@ -263,9 +261,9 @@ def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | Non
         expires_at = now + WEAK_TTL  # weak memories are advisory and short-lived by default
     return MemoryRecord(
         memory_id=str(uuid.uuid4()), tenant_id=cmd.tenant_id, user_id=cmd.user_id, session_id=cmd.session_id,
-        layer=layer, source=source, content=content, key=cmd.key, confidence=confidence, tags=tuple(cmd.tags),
+        layer=layer, source=source, content=content, key=cmd.key, confidence=confidence, tags=tags,
         derived_from=tuple(cmd.derived_from), step_id=cmd.step_id, created_at=now, expires_at=expires_at,
-        idempotency_key=cmd.idempotency_key, attributes=dict(cmd.attributes),
+        idempotency_key=cmd.idempotency_key, attributes=attributes,
         request_hash=request_fingerprint(cmd) if cmd.idempotency_key else "",
         written_by=cmd.written_by, reason=cmd.reason,
         sensitive_kind=finding.kind if finding else "", redacted=finding.redacted if finding else "",

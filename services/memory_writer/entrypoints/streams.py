@@ -15,6 +15,7 @@ import asyncpg
 
 from libs.errors import DomainError
 from libs.events import Envelope
+from libs.events.envelope import ENVELOPE_FIELDS
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
 from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
@@ -22,9 +23,11 @@ from services.memory_writer.domain.sensitive import find_sensitive
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
-__all__ = ["command_user", "on_access", "on_write_batch", "scrub_command"]
+__all__ = ["command_user", "on_access", "on_write_batch", "scrub_command", "scrub_reason"]
 
 PRODUCER = "producer"  # `written_by` of stream writes: the producer's token was verified at admission
+MAX_KEPT_PAYLOAD = 64 * 1024  # characters of a dead-lettered payload checked for sensitive values, at most
+NOT_KEPT = "[not kept]"
 
 
 def on_write_batch(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: WritePolicy = DEFAULT_POLICY):
@@ -70,28 +73,39 @@ def on_access(uow_for: Callable[[asyncpg.Connection], UnitOfWork], policy: upkee
 
 
 def scrub_command(fields: dict[str, str]) -> dict[str, str]:
-    """A command's fields as a dead letter may keep them: sensitive values redacted wherever they are in the
-    payload (its content, under the memory's key, and every other text, an attribute under its own key, tags),
-    phone numbers and e-mail addresses always (whatever the tenant's rule: it is stored, may change, and a
-    dead letter is written where it is not at hand); the tenant context is kept as sent, so that Forget finds
-    the letter. A payload this cannot read as the writer would (not JSON, repeated keys, nested too deep) is
-    not kept at all: what is in it cannot be checked.
+    """A command's fields as a dead letter may keep them: the envelope's fields, with sensitive values redacted
+    wherever they are in the payload (its content, under the memory's key, and every other text: an attribute
+    under a key such as `password` whole, and all below it), phone numbers and e-mail addresses always
+    (whatever the tenant's rule: it is stored, may change, and a dead letter is written where it is not at
+    hand); of the tenant context only its ids, so that Forget finds the letter. Not kept: fields that are not
+    the envelope's, and a payload this cannot read as the writer would (not JSON, a repeated key, nested too
+    deep) or over MAX_KEPT_PAYLOAD characters: what is in them is not checked.
 
     (Such a dead letter cannot be replayed as it was; the producer must send the command again.)
     """
+    kept = {name: value if name in ENVELOPE_FIELDS else NOT_KEPT for name, value in fields.items()}
     if "payload" not in fields:
-        return fields
+        return kept
     try:
+        if len(fields["payload"]) > MAX_KEPT_PAYLOAD:
+            raise ValueError("too large to check")
         payload = json.loads(fields["payload"], object_pairs_hook=_unique_keys)
         if not isinstance(payload, dict):
             raise ValueError("not an object")
-        scrubbed = {name: value if name == "tenant" else
+        scrubbed = {name: _tenant_ids(value) if name == "tenant" else
                     _scrubbed(value, str(payload.get("key", "")) if name == "content" else name)
                     for name, value in payload.items()}
         text = json.dumps(scrubbed, ensure_ascii=False)
     except (ValueError, RecursionError) as exc:
-        return {**fields, "payload": f"[not kept: the payload could not be read to redact it ({type(exc).__name__})]"}
-    return {**fields, "payload": text}
+        return {**kept, "payload": f"[not kept: the payload could not be checked for sensitive values ({exc})]"}
+    return {**kept, "payload": text}
+
+
+def scrub_reason(text: str) -> str:
+    """A dead letter's reason (and the log line of it) with sensitive values redacted: a parser's message may
+    quote what was sent."""
+    finding = find_sensitive("", text, contacts=True)
+    return text if finding is None else finding.redacted
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -102,14 +116,22 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return found
 
 
+def _tenant_ids(tenant: object) -> object:
+    """The tenant context's ids as sent, when they are text; nothing else of it."""
+    if not isinstance(tenant, dict):
+        return NOT_KEPT
+    return {name: tenant[name] for name in ("tenantId", "userId", "sessionId") if isinstance(tenant.get(name), str)}
+
+
 def _scrubbed(value: object, key: str) -> object:
     """`value` with sensitive text redacted; a text under `key` (the memory's key for content, an attribute's
-    own name) is all sensitive when the key names a secret."""
+    own name, or the nearest such name above it that names a secret) is all sensitive when the key names one."""
     if isinstance(value, str):
         finding = find_sensitive(key, value, contacts=True)
         return value if finding is None else finding.redacted
     if isinstance(value, list):
         return [_scrubbed(item, key) for item in value]
     if isinstance(value, dict):
-        return {_scrubbed(name, ""): _scrubbed(item, name) for name, item in value.items()}
+        secret_above = bool(key) and find_sensitive(key, "-", contacts=True) is not None
+        return {_scrubbed(name, ""): _scrubbed(item, key if secret_above else name) for name, item in value.items()}
     return value

@@ -51,7 +51,7 @@ from redis.exceptions import ResponseError
 
 from libs.auth import Principal, TokenVerifier
 from libs.db import ALL_TENANTS, Database
-from libs.errors import DomainError, Unauthenticated
+from libs.errors import DomainError, Unauthenticated, Unavailable
 from libs.events.batch_order import KeyOrder, position, readable, text
 from libs.events.bus import EventBus
 from libs.events.envelope import Envelope, MalformedEvent
@@ -354,6 +354,10 @@ class BatchConsumer:
                     raise MalformedEvent(field="tenant_id", reason=f"{ALL_TENANTS!r} names no tenant",
                                          hint="publish with the tenant id of your token")
                 await admit(self.stream, entry.envelope, verifier)
+            except Unavailable as exc:  # what admits entries is away (the signing keys): this read waits, pending
+                if done:
+                    await self._ack(done)
+                raise ConnectionError(f"entries cannot be admitted now: {exc.reason}") from exc
             except DomainError as exc:
                 await self._dead_letter(entry, exc, 1)
                 done.append(entry.entry_id)

@@ -8,13 +8,15 @@ import time
 
 import pytest
 
+from libs.auth import Principal
 from libs.db import Database
 from libs.events import Envelope
 from libs.events.bus import EventBus
 from libs.events.batches import BatchConsumer
 from libs.events.envelope import MalformedEvent
-from libs.events.schema import MEMORY_ACCESS, dead_letter_stream
-from libs.protogen.mnemesh.v1 import common_pb2, events_pb2
+from libs.errors import Unavailable
+from libs.events.schema import MEMORY_ACCESS, MEMORY_COMMANDS, dead_letter_stream
+from libs.protogen.mnemesh.v1 import common_pb2, events_pb2, memory_pb2
 
 pytestmark = pytest.mark.integration
 TENANT = "t1"
@@ -357,3 +359,48 @@ async def test_an_entry_that_failed_keeps_its_users_later_entries_back_on_its_ow
     assert at["a1"] <= at["a2"]  # retried first: ann's order kept
     assert at["a2"] - start >= 0.9 * failures  # held back until a1 was retried (idle for min_idle_ms each time)
     assert at["b1"] - start < 0.9  # bob does not wait
+
+
+class _KeysAwayAtFirst:
+    """A TokenVerifier whose signing keys cannot be fetched for its first `away` calls."""
+
+    fetches_keys = False
+
+    def __init__(self, away: int) -> None:
+        self.away, self.calls = away, 0
+
+    def verify(self, token: str | None) -> Principal:
+        self.calls += 1
+        if self.calls <= self.away:
+            raise Unavailable("the signing keys cannot be fetched: connection refused", field="authorization")
+        return Principal("producer", TENANT, frozenset({f"produce:{MEMORY_COMMANDS}"}))
+
+
+async def test_entries_that_cannot_be_admitted_yet_wait_pending_and_are_handled_in_order_once_they_can(
+        bus: EventBus, db: Database, redis_client) -> None:
+    """The producer tokens cannot be checked (the signing keys are away): the entries are neither refused nor
+    dead-lettered; the consumer waits and handles them, in stream order, once the keys are back."""
+    handled: list[str] = []
+
+    async def handler(tenant_id: str, envelopes: list[Envelope], conn) -> list[None]:
+        handled.extend(e.peek().content for e in envelopes)
+        return [None] * len(envelopes)
+
+    for i in range(3):
+        request = memory_pb2.WriteMemoryRequest(tenant=common_pb2.TenantContext(tenant_id=TENANT, user_id="ann"),
+                                                content=f"fact {i}")
+        await bus.publish(Envelope.wrap(request, event_type="memory.write_requested", tenant_id=TENANT,
+                                        credential="a-token"))
+    verifier = _KeysAwayAtFirst(away=2)
+    consumer = BatchConsumer(bus, db, MEMORY_COMMANDS, "g", handler, verifier, batch_size=2, block_ms=20,
+                             in_flight=2, order_key=_user)
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(20):
+            while len(handled) < 3 or (await redis_client.xpending(bus.stream_name(MEMORY_COMMANDS), "g"))["pending"]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.02)
+    finally:
+        await _stop(task)
+    assert handled == ["fact 0", "fact 1", "fact 2"] and verifier.calls > 2
+    assert await redis_client.xrange(dead_letter_stream(bus.stream_name(MEMORY_COMMANDS))) == []

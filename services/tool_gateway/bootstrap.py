@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 from pathlib import Path
 
 import httpx
@@ -51,6 +51,21 @@ from services.tool_gateway.service_layer.upstreams import reconcile
 log = get_logger(__name__)
 NAME = "tool-gateway"
 MIGRATIONS = "services.tool_gateway"
+STDIO_START_SECONDS = 10.0  # at most this long `serve-stdio` waits for its upstreams before it answers
+
+
+async def upstreams_settled(upstreams: UpstreamManager, reconciled: asyncio.Event, within: float) -> None:
+    """Once the stored upstreams were added (`reconciled`) and every upstream connected or failed its first
+    attempt, or `within` seconds passed; those still connecting then are logged."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + within
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within):
+            await reconciled.wait()
+    pending = await upstreams.settled(max(0.0, until - loop.time()))
+    if pending:
+        log.warning("serving before these upstreams connected; they connect in the background", upstreams=pending,
+                    waited_seconds=within)
 
 
 async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = None) -> None:
@@ -158,6 +173,8 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
     allowed = frozenset(c.strip() for c in settings.tool_upstream_commands.split(",") if c.strip())
     ctx.add_grpc(grpc_api.registration(ports, grpc_api.Admin(experience, upstream_store, upstreams, allowed, tasks)))
 
+    reconciled = asyncio.Event()  # the stored upstreams were added once (or could not be read)
+
     async def follow_upstreams() -> None:
         """Upstreams added or removed through any replica reach this one within a poll."""
         while True:
@@ -165,14 +182,22 @@ async def bootstrap(ctx: ServiceContext, *, stdio_principal: Principal | None = 
                 await reconcile(upstream_store, upstreams, from_file)
             except TRANSIENT_ERRORS as exc:  # PostgreSQL away for a moment: the next poll catches up
                 log.warning("upstreams not reconciled", error=type(exc).__name__)
+            reconciled.set()
             await asyncio.sleep(settings.tool_upstream_poll_seconds)
 
     ctx.tasks.append(follow_upstreams)
     if stdio_principal is not None:
-        ctx.tasks.append(functools.partial(
-            mcp_stdio.serve, mcp_server.build_server(
-                ports, stdio_principal, experience if settings.tool_list_experience else None, changes=changes,
-                upstreams=upstreams, tasks=tasks), changes))
+        stdio = mcp_server.build_server(ports, stdio_principal, experience if settings.tool_list_experience else None,
+                                        changes=changes, upstreams=upstreams, tasks=tasks)
+
+        async def serve_stdio() -> None:
+            # A local client lists the tools right after initialize, and has no reason to list them again: answer
+            # it once the upstreams are up or failed their first attempt (a dead one delays it STDIO_START_SECONDS
+            # at most; it is reported, and retried as always).
+            await upstreams_settled(upstreams, reconciled, STDIO_START_SECONDS)
+            await mcp_stdio.serve(stdio, changes)
+
+        ctx.tasks.append(serve_stdio)
         return  # the HTTP replicas project the tool events
     # The experience projection reads tool events in batches: one transaction per batch and tenant, each
     # stats row read and written once per batch, instead of a transaction per call.

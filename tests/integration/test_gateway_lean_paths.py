@@ -13,7 +13,7 @@ import anyio
 import httpx2
 import pytest
 from test_gateway_mcp_protocol import wait_for_text
-from test_gateway_upstreams import federating, http_upstream, listed, wait_answers  # noqa: F401 - fixtures
+from test_gateway_upstreams import federating, http_upstream, listed, tool_error, wait_answers  # noqa: F401
 from test_mcp import MODES, Gateway, mcp_client
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -76,12 +76,13 @@ async def test_the_sdk_client_calls_through_the_lean_path_with_structured_errors
         invalid = await client.call_tool("rm.echo", {"times": 2})
         missing = await client.call_tool("rm.nothing_here", {})
     assert (remote.structured_content, local.structured_content) == ({"echo": "a a a"}, {"echo": "b"})
-    assert invalid.is_error and invalid.structured_content["error_type"] == "validation"
-    assert "text" in invalid.structured_content["reason"]
+    # rm.echo declares an output schema: its errors carry the structured error as JSON text only
+    assert tool_error(invalid)["error_type"] == "validation" and invalid.structured_content is None
+    assert "text" in tool_error(invalid)["reason"]
     assert missing.is_error and missing.structured_content["error_type"] == "not_found"
     async with mcp_client(federating, federating.token("tools:read"), mode) as client:
         refused = await client.call_tool("rm.echo", {"text": "a"})
-    assert refused.is_error and refused.structured_content["error_type"] == "permission_denied"
+    assert tool_error(refused)["error_type"] == "permission_denied"
     message, headers = _request("2026-07-28" if mode == "auto" else "2025-11-25", "not-a-token", "rm.echo",
                                 {"text": "a"})
     async with httpx2.AsyncClient(timeout=30) as http:

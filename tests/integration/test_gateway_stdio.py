@@ -10,7 +10,7 @@ import sys
 import anyio
 import mcp_types as types
 import pytest
-from test_gateway_upstreams import federating, http_upstream, listed  # noqa: F401 - fixtures
+from test_gateway_upstreams import federating, http_upstream, listed, tool_error  # noqa: F401 - fixtures
 from test_mcp import MODES, Gateway, gateway, register  # noqa: F401 - fixtures
 from mcp import Client, StdioServerParameters
 
@@ -50,9 +50,9 @@ async def test_a_local_client_lists_and_calls_federated_tools_over_stdio_through
         invalid = await client.call_tool("rm.echo", {"times": 2})
         missing = await client.call_tool("crm.nothing", {})
     assert (result.is_error, result.structured_content) == (False, {"echo": "over stdio over stdio"})
-    assert invalid.structured_content["error_type"] == "validation"
-    assert invalid.structured_content["field"].startswith("arguments")
-    assert missing.structured_content["error_type"] == "not_found"
+    assert tool_error(invalid)["error_type"] == "validation" and invalid.structured_content is None  # output schema
+    assert tool_error(invalid)["field"].startswith("arguments")
+    assert missing.structured_content["error_type"] == "not_found"  # no such tool: no output schema either
 
 
 async def test_the_stdio_caller_is_the_token_s_principal_and_its_scopes_hold(federating: Gateway) -> None:  # noqa: F811
@@ -62,8 +62,8 @@ async def test_the_stdio_caller_is_the_token_s_principal_and_its_scopes_hold(fed
             while "rm.echo" not in {t.name for t in (await client.list_tools()).tools}:
                 await anyio.sleep(0.2)
         refused = await client.call_tool("rm.echo", {"text": "hi"})
-    assert refused.is_error and refused.structured_content["error_type"] == "permission_denied"
-    assert "tools:call" in refused.structured_content["reason"]
+    assert tool_error(refused)["error_type"] == "permission_denied"
+    assert "tools:call" in tool_error(refused)["reason"]
 
 
 @pytest.mark.parametrize(("token", "reason"), [("", "no token"), ("not-a-jwt", "token")])
@@ -99,3 +99,39 @@ async def test_a_2025_stdio_client_hears_tool_list_changes_made_through_another_
                 break
         assert changed[0].is_set()
         assert "crm.seen_over_stdio_0" in {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_serve_stdio_answers_once_its_upstreams_are_up_so_the_first_listing_has_their_tools(
+    federating: Gateway  # noqa: F811
+) -> None:
+    """A local client lists the tools right after initialize (and may never list them again)."""
+    await listed(federating, {"local.echo", "rm.echo"})
+    async with Client(stdio_params(federating, federating.token("tools:read", "tools:call")), mode="legacy") as client:
+        first = {t.name for t in (await client.list_tools()).tools}
+        local = await client.call_tool("local.echo", {"text": "at once"})
+        remote = await client.call_tool("rm.echo", {"text": "at once"})
+    assert {"local.echo", "local.count", "rm.echo", "rm.count"} <= first
+    assert (local.structured_content, remote.structured_content) == ({"echo": "at once"}, {"echo": "at once"})
+
+
+@pytest.mark.parametrize("tool", ["local.count", "rm.count"])
+async def test_over_stdio_every_progress_notification_of_a_call_arrives_before_its_result(
+    federating: Gateway, tool: str  # noqa: F811
+) -> None:
+    """The SDK client under the gateway runs each progress callback in a task nobody awaits: the gateway waits for
+    its forwards before it answers (a stdio upstream, and an HTTP one whose call asked for progress)."""
+    await listed(federating, {tool})
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    heard: list[list[float]] = []
+    async with Client(stdio_params(federating, federating.token("tools:read", "tools:call")), mode="legacy") as client:
+        for _ in range(5):
+            seen.clear()
+            result = await client.call_tool(tool, {"steps": 40}, progress_callback=on_progress)
+            heard.append(list(seen))  # what had arrived when the result did
+            assert result.structured_content == {"steps": 40}
+    assert heard == [[float(step) for step in range(1, 41)]] * 5
+

@@ -10,6 +10,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import test_mcp
 from test_mcp import Gateway, gateway_settings, mcp_client
 
 from mnemesh.infra import free_port
+from services.tool_gateway.adapters.upstreams import UpstreamConfig, UpstreamManager
 
 pytestmark = pytest.mark.integration
 FIXTURE = str(Path(__file__).with_name("upstream_server.py"))
@@ -73,6 +75,13 @@ async def federating(redis_url: str, database_url: str, tmp_path, http_upstream:
     await test_mcp.drop_namespace(settings)
 
 
+def tool_error(result) -> dict:
+    """The structured error a tool error carries as JSON text (and as structuredContent only when its tool declares
+    no output schema, as the fixture's tools but `picture` do)."""
+    assert result.is_error, result
+    return json.loads(result.content[0].text)
+
+
 async def listed(gw: Gateway, expect: set[str]) -> dict:
     """tools/list once every name in `expect` is there (upstreams connect in the background)."""
     async with mcp_client(gw, gw.token("tools:*")) as client:
@@ -101,9 +110,11 @@ async def test_upstream_tools_are_exposed_namespaced_unique_and_short_and_called
     assert (routed.is_error, routed.structured_content) == (False, {"region": "华东-1", "parcel": "p-7"})
     assert (local.is_error, local.structured_content) == (False, {"echo": "hi hi"})
     assert remote.structured_content == {"echo": "yo"}
-    assert invalid.structured_content["error_type"] == "validation"  # checked by the gateway, before the upstream
-    assert failed.is_error and failed.structured_content["error_type"] == "backend_error"
-    assert "refused: no stock" in failed.structured_content["reason"]
+    assert tool_error(invalid)["error_type"] == "validation"  # checked by the gateway, before the upstream
+    assert tool_error(failed)["error_type"] == "backend_error" and "refused: no stock" in tool_error(failed)["reason"]
+    # Both tools declare an output schema, which an error does not match: the error is text only (TS SDK 1.x checks
+    # structuredContent against the schema even on an error, and throws).
+    assert invalid.structured_content is None and failed.structured_content is None
 
 
 async def test_a_dead_stdio_upstream_is_restarted_and_no_process_is_left_when_the_gateway_stops(
@@ -119,7 +130,7 @@ async def test_a_dead_stdio_upstream_is_restarted_and_no_process_is_left_when_th
                 if not result.is_error and result.structured_content["pid"] != first:
                     break
                 if result.is_error:  # reported down (or not yet noticed) while it restarts
-                    assert result.structured_content["error_type"] in ("unavailable", "not_found",
+                    assert tool_error(result)["error_type"] in ("unavailable", "not_found",
                                                                        "deadline_exceeded", "backend_error",
                                                                        "circuit_open")
                 await anyio.sleep(0.2)
@@ -129,3 +140,25 @@ async def test_a_dead_stdio_upstream_is_restarted_and_no_process_is_left_when_th
     with anyio.fail_after(15):
         await federating.task
     assert not alive(second)
+
+
+async def test_waiting_for_upstreams_ends_once_each_connected_or_failed_its_first_attempt_or_at_the_bound() -> None:
+    """What `serve-stdio` waits for before it answers: a dead upstream (refused) does not hold it, nor one that
+    never answers (mute) for longer than the bound; both go on being retried."""
+    manager = UpstreamManager(backoff_base=60)
+    manager.add(UpstreamConfig(name="up", command=[sys.executable, FIXTURE, "stdio"]))
+    manager.add(UpstreamConfig(name="refused", url=f"http://127.0.0.1:{free_port()}/mcp"))
+    try:
+        with anyio.fail_after(30):
+            settled = await manager.settled(within=30)
+        states = {name: status.state for name, status in manager.status.items()}
+        manager.add(UpstreamConfig(name="mute", command=[sys.executable, "-c", "import time; time.sleep(60)"]))
+        started = time.monotonic()
+        pending = await manager.settled(within=1)
+        waited = time.monotonic() - started
+    finally:
+        await manager.close()
+    assert settled == [] and states["up"] == "up" and states["refused"] in ("down", "connecting")
+    assert manager.status["refused"].restarts >= 1 and manager.status["refused"].reason
+    assert pending == ["mute"] and 1 <= waited < 5
+

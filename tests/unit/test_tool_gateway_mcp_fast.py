@@ -18,7 +18,7 @@ from services.tool_gateway.domain import ToolSpec
 from services.tool_gateway.entrypoints.mcp_auth import Caller
 from services.tool_gateway.entrypoints.mcp_fast import FastCalls, param_schema
 from services.tool_gateway.entrypoints.mcp_server import answer_call, build_server
-from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
+from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls, session_for
 from services.tool_gateway.service_layer import handlers
 
 ALICE = Principal(subject="alice", tenant_id="acme", scopes=frozenset({"tools:*"}))
@@ -150,6 +150,23 @@ async def test_what_needs_the_sdk_or_that_the_sdk_refuses_goes_to_the_sdk(case: 
     sent = await post(app, hdrs, message)
     assert sdk.reached == 1 and sent[0]["status"] == 299
     assert ports.call_log.records == []
+
+
+@pytest.mark.parametrize(("session", "lean_path"), [(session_for({}), True), (session_for({"sampling": {}}), True),
+                                                   ("someone-else's-session", False), ("", False)])
+async def test_a_call_without_a_version_header_is_a_2025_03_26_one_in_a_session_this_gateway_issued(
+    session: str, lean_path: bool
+) -> None:
+    """A 2025-03-26 client sends no MCP-Protocol-Version header (that revision has none): in a session this gateway
+    issued, the lean path (and the relay in front of it) serves it as 2025-03-26; anything else goes to the SDK."""
+    app, sdk, _ = await lean()
+    hdrs = headers("2025-03-26", **({"mcp-session-id": session} if session else {}))
+    del hdrs["mcp-protocol-version"]
+    sent = await post(app, hdrs, call("2025-03-26", {"id": "7"}))
+    assert (sdk.reached == 0) is lean_path
+    if lean_path:
+        result = json.loads(sent[1]["body"].decode().split("data: ", 1)[1])["result"]
+        assert result["structuredContent"] == {"name": "Li", "id": "7"}
 
 
 async def test_a_client_that_closes_its_stream_cancels_the_call_and_gets_no_answer() -> None:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from libs.errors import NotFound, Unavailable, ValidationFailed
 from libs.safe_schema import SafeValidator
 from libs.logs import get_logger
+from services.tool_gateway.adapters import upstream_sdk
 from services.tool_gateway.adapters.http1 import Http1Pool
 from services.tool_gateway.adapters.upstream_catalog import Catalog, list_catalog
 from services.tool_gateway.adapters.upstream_http import (
@@ -65,6 +66,7 @@ class _Connection:
         # 2026-07-28: the arguments each upstream tool (by its name) wants mirrored in `Mcp-Param-*` headers
         self.param_headers: dict[str, dict[tuple[str, ...], str]] = {}
         self.subscribed: set[str] = set()  # resource URIs subscribed to, renewed on reconnection
+        self.attempted = asyncio.Event()  # its first connection attempt ended (up, or failed)
 
 
 class UpstreamManager:
@@ -124,6 +126,16 @@ class UpstreamManager:
         self._rebuild()
         return True
 
+    async def settled(self, within: float) -> list[str]:
+        """Wait until each upstream added so far has connected or failed its first attempt, at most `within`
+        seconds; the names of those still connecting then (they go on connecting, as any other)."""
+        waits = [conn.attempted.wait() for conn in self.connections.values() if not conn.attempted.is_set()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await asyncio.gather(*waits)
+        return sorted(name for name, conn in self.connections.items() if not conn.attempted.is_set())
+
     async def close(self) -> None:
         tasks = list(self._tasks.values())
         for task in tasks:
@@ -174,6 +186,7 @@ class UpstreamManager:
                     await self._refresh(name, conn)
                     status.state, status.reason, failures = "up", "", 0
                     self._rebuild()
+                    conn.attempted.set()
                     log.info("upstream connected", upstream=name, tools=len(conn.tools))
                     await self._renew_subscriptions(name, conn, client)
                     await self._watch(name, conn)
@@ -186,6 +199,7 @@ class UpstreamManager:
             failures += 1
             status.state, status.restarts = "down", status.restarts + 1
             self._rebuild()
+            conn.attempted.set()
             delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2 ** (failures - 1)))
             log.warning("upstream down", upstream=name, reason=status.reason, retry_in=round(delay, 2))
             await asyncio.sleep(delay)
@@ -305,7 +319,11 @@ class UpstreamManager:
 
     async def complete(self, upstream: str, ref, argument: dict[str, str],
                        context: dict[str, str] | None) -> types.CompleteResult:
-        return await self._client(upstream).complete(ref, argument, context)
+        """The upstream's completions; none (an empty completion) from an upstream that declares no completions."""
+        client = self._client(upstream)
+        if client.server_capabilities is not None and client.server_capabilities.completions is None:
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        return await client.complete(ref, argument, context)
 
     # --- the backend -----------------------------------------------------------------------------------
 
@@ -323,17 +341,20 @@ class UpstreamManager:
             # made on the call's stream go to the calling client; stdio and TLS upstreams relay progress only.
             return await self._lean_call(upstream, conn, conn.lean, tool, arguments, relay, report, timeout)
         try:
-            # Progress the upstream reports is relayed to the caller (when it asked for it); a call
-            # cancelled here (the caller went away) makes the SDK client send the upstream
-            # `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
-            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                                 progress_callback=report)
+            # Progress the upstream reports is relayed to the caller (when it asked for it), all of it before the
+            # answer (upstream_sdk.py); a call cancelled here (the caller went away) makes the SDK client send
+            # the upstream `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
+            result = await upstream_sdk.call_tool(conn.client, tool, arguments, timeout, report)
         except MCPError as exc:
+            if exc.error.code == types.HEADER_MISMATCH:  # its tools changed: listed again for the next call
+                conn.changed.set()
             raise _refused(exc.error.message) from None
         except (OSError, EOFError, RuntimeError) as exc:  # the transport broke under the call
             conn.broken.set()
             raise Unavailable(f"the upstream {upstream!r} connection failed ({type(exc).__name__})",
                               hint="retry with backoff") from None
+        if isinstance(result, types.InputRequiredResult):  # nobody on this path can be asked
+            raise _cannot_ask()
         return _result(result)
 
     async def _lean_call(self, upstream: str, conn: _Connection, lean: LeanHttpCaller, tool: str,
@@ -354,9 +375,11 @@ class UpstreamManager:
             conn.broken.set()
             raise Unavailable(f"the upstream {upstream!r} connection failed ({str(exc)[:100]})",
                               hint="retry with backoff") from None
+        if raw.get("resultType") == "input_required":  # with a relay, lean.call asked the caller already
+            raise _cannot_ask()
         if raw.get("resultType", "complete") != "complete":
-            raise BackendFailed(f"the upstream asked for input the gateway cannot give ({raw.get('resultType')})",
-                                hint="call the upstream's tool with everything it needs")
+            raise BackendFailed(f"the upstream answered a result the gateway does not know ({raw.get('resultType')})",
+                                hint="operators: check the upstream server")
         try:
             result = types.CallToolResult.model_validate(raw, by_name=False)
         except ValidationError:
@@ -394,12 +417,23 @@ def _check_output(conn: _Connection, tool: str, result: types.CallToolResult) ->
 
 
 def _caller_side(error: BackendFailed, refused: bool) -> BackendFailed:
-    """`error`, marked the caller's doing when the caller refused the upstream's request (pipeline: not
-    counted against the breaker, not retried: the client would be asked again)."""
+    """`error`, marked the caller's doing when the caller refused the upstream's request or could not be asked it
+    (pipeline: not counted against the breaker or the canary's arm, not retried: the client would be asked
+    again)."""
     if refused:
         error.caller_side = True  # type: ignore[attr-defined]
         error.retryable = False
         error.hint = "the upstream needed an answer from the calling client (sampling or elicitation) and got none"
+    return error
+
+
+def _cannot_ask() -> BackendFailed:
+    """An upstream asked for input (2026-07-28 `input_required`) of a caller the gateway cannot relay to: the
+    caller's doing (stdio, gRPC and 2026-07-28 callers are never relayed to), not the upstream's."""
+    error = _caller_side(BackendFailed("the upstream needs input (sampling or elicitation) from the calling client, "
+                                       "which the gateway cannot ask it for"), True)
+    error.hint = ("call this tool over MCP Streamable HTTP in a 2025-era session (initialize) that declares the "
+                  "capability, or use a tool that needs no input mid-call")
     return error
 
 

@@ -10,8 +10,9 @@ machinery is answered here, with the same checks and the same bytes:
   routing headers, the params against the revision's schema) — but a request that fails any check
   is not refused here: it goes on to the SDK, which refuses it in its own words;
 - what needs a stream from server to client goes to the SDK too: a progress token (its progress is
-  relayed), a task-augmented call, a protocol version the lean path does not serve (none, or not a
-  known one);
+  relayed), a task-augmented call, a protocol version the lean path does not serve (not a known one;
+  none outside a session this gateway issued: in one, a call without the header is a 2025-03-26 one, as
+  the spec says to assume);
 - `Mcp-Param-*` headers (2026-07-28): the input schema tools/list shows the caller for the tool (what
   its client mirrors headers from) is looked up first (`schema_of`), for every 2026-07-28
   `tools/call`, and kept for the request (`PARAM_SCHEMA`, which the SDK's `get_tool_input_schema` hook
@@ -58,7 +59,7 @@ from mcp.shared.inbound import (
     x_mcp_header_map,
 )
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types import methods
+from mcp_types import DEFAULT_NEGOTIATED_VERSION, methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import ValidationError
@@ -66,7 +67,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from libs.logs import get_logger
-from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, InFlightCalls, cancel_key
+from services.tool_gateway.entrypoints.mcp_sessions import SESSION_HEADER, InFlightCalls, cancel_key, issued_session
 
 __all__ = ["DEFERRAL_SECONDS", "BODY_BYTES", "PARAM_SCHEMA", "FastCalls", "param_schema"]
 
@@ -148,8 +149,8 @@ class FastCalls:
     def __init__(self, app: ASGIApp, server: Server, answer, *, path: str, security: TransportSecuritySettings,
                  in_flight: InFlightCalls, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
                  schema_of: Callable[[Any, str], Awaitable[dict[str, Any] | None]] | None = None) -> None:
-        """`answer(caller, params, cancel=key)`: the call (mcp_server.answer_call, bound to its ports);
-        `schema_of(caller, name)`: the input schema tools/list shows the caller for `name`
+        """`answer(caller, params, cancel=key, version=revision)`: the call (mcp_server.answer_call, bound to its
+        ports); `schema_of(caller, name)`: the input schema tools/list shows the caller for `name`
         (handlers.listed_schema); without it `Mcp-Param-*` headers are not checked."""
         self.app, self.server, self.answer, self.path, self.schema_of = app, server, answer, path, schema_of
         self.security, self.in_flight, self.max_body = TransportSecurityMiddleware(security), in_flight, max_body
@@ -220,6 +221,8 @@ class FastCalls:
         if not isinstance(params, dict) or "task" in params or progress_token_from_params(params) is not None:
             return None
         version = headers.get("mcp-protocol-version")
+        if version is None and issued_session(headers.get(SESSION_HEADER, "")):
+            version = DEFAULT_NEGOTIATED_VERSION  # a 2025-03-26 client sends no header (that revision has none)
         modern = version in MODERN_PROTOCOL_VERSIONS
         if modern:
             if find_duplicated_routing_header((k.decode("latin-1"), v) for k, v in raw) is not None:
@@ -291,7 +294,7 @@ class FastCalls:
                        context=extract_trace_context(plan.params.meta), record_exception=False,
                        set_status_on_exception=False) as span:
             try:
-                result = await self.answer(caller, plan.params, cancel=cancel)
+                result = await self.answer(caller, plan.params, cancel=cancel, version=plan.version)
                 if result.is_error:
                     span.set_attribute("error.type", "tool_error")
                     span.set_status(StatusCode.ERROR)

@@ -5,8 +5,9 @@ An upstream serving a call may log (`notifications/message`) and ask its client 
 its own caller on the call's SSE response stream, and the caller's answer back (upstream_http.py
 does the upstream side):
 
-- which calls: a 2025-11-25 `tools/call` POST that carries a session id this gateway issued
-  (mcp_sessions) is served here, its SSE stream opened at once, instead of by the lean path; what
+- which calls: a 2025-era `tools/call` POST that carries a session id this gateway issued
+  (mcp_sessions) is served here, its SSE stream opened at once, instead of by the lean path (a
+  2025-03-26 client, which sends no `MCP-Protocol-Version` header, included: mcp_fast); what
   the client declared at `initialize` (`sampling`, `elicitation`) rides in that session id, since no
   replica keeps sessions. A request is relayed only when the client declared its capability;
   otherwise the upstream is answered JSON-RPC error -32021 (missing required client capability);

@@ -4,9 +4,10 @@
   (handlers.list_current_tools);
 - tools/call goes through the one call pipeline (service_layer.pipeline.call_tool); a result comes
   back as structuredContent plus the same compact JSON as text (and a resource link to the whole
-  result when it was truncated); a refusal or failure as a tool result with `isError`
-  (structuredContent `{error_type, field, reason, retryable, hint}` plus the same JSON as text),
-  which is what an agent reads and relays.
+  result when it was truncated: a text block naming it for clients before 2025-06-18); a refusal or
+  failure as a tool result with `isError`: the structured error `{error_type, field, reason,
+  retryable, hint}` as JSON text, and as structuredContent too when the tool declares no output
+  schema (structured content must match a declared one, and clients check it even on errors).
 
 Authentication happens before MCP (mcp_auth.BearerAuth): the endpoint needs `tools:read`;
 calling needs `tools:call` and the tool's own scopes, checked in the pipeline. The endpoint is stateless (no MCP session lives
@@ -21,7 +22,6 @@ mcp_sessions) stops, and so does the upstream call under it.
 from __future__ import annotations
 
 import functools
-import json
 from importlib.metadata import version
 from typing import Any
 
@@ -32,15 +32,13 @@ from mcp.server.subscriptions import ListenHandler, SubscriptionBus
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from pydantic import TypeAdapter
 from starlette.types import ASGIApp
 
 from libs.auth import Principal, TokenVerifier
 from libs.errors import DomainError, PermissionDenied, Unavailable, ValidationFailed
 from libs.transient import TRANSIENT_ERRORS
 from libs.validation import check_identifier
-from services.tool_gateway.domain import CallOutcome, ToolCall, ToolSpec, error_detail
-from services.tool_gateway.domain.content import media_blocks
+from services.tool_gateway.domain import ToolCall, ToolSpec
 from services.tool_gateway.domain.experience import note
 from services.tool_gateway.entrypoints.calls import current_trace_id
 from services.tool_gateway.entrypoints.jsonrpc_guard import JsonRpcGuard
@@ -48,6 +46,7 @@ from services.tool_gateway.entrypoints.mcp_fast import FastCalls, param_schema
 from services.tool_gateway.entrypoints.mcp_auth import BearerAuth, Caller
 from services.tool_gateway.entrypoints.mcp_guides import UpstreamCatalogs, guide_handlers
 from services.tool_gateway.entrypoints.mcp_metadata import ProtectedResourceMetadata
+from services.tool_gateway.entrypoints.mcp_results import REPLAY_OF_META, error_result, outcome_result
 from services.tool_gateway.entrypoints.mcp_relay import LocalLogLevels, LogLevels, RelayAnswers, RelayCalls
 from services.tool_gateway.entrypoints.mcp_subscribe import (
     LocalSubscribed,
@@ -70,16 +69,13 @@ from services.tool_gateway.service_layer.pipeline import CallPorts
 from services.tool_gateway.service_layer.ports import ExperienceStore
 from services.tool_gateway.service_layer.tasks import TaskRunner
 
-__all__ = ["CALL_SCOPE", "answer_call", "CHAIN_ID_META", "LIST_SCOPE", "PATH", "build_server", "error_result", "http_app",
-           "outcome_result", "tool_to_mcp"]
+__all__ = ["CALL_SCOPE", "answer_call", "CHAIN_ID_META", "LIST_SCOPE", "PATH", "REPLAY_OF_META", "build_server",
+           "error_result", "http_app", "outcome_result", "tool_to_mcp"]
 
 PATH = "/mcp"
 LIST_SCOPE = "tools:read"  # needed for the endpoint itself: listing is where every agent starts
 CALL_SCOPE = "tools:call"
 CHAIN_ID_META = "mnemesh/chain_id"  # a tools/call's chain id, in its params' _meta
-REPLAY_OF_META = "mnemesh/replay_of"  # in a result's _meta: the chain's call whose kept result this is
-
-_CONTENT = TypeAdapter(list[types.ContentBlock])
 INSTRUCTIONS = ("The tools registered with the Mnemesh tool-gateway. A failed call answers isError with a "
                 "structured error {error_type, field, reason, retryable, hint}: retry only when retryable is "
                 "true, fix the named field otherwise, and never invent a result.")
@@ -102,39 +98,6 @@ def chain_id_of(params: types.CallToolRequestParams) -> str:
         raise ValidationFailed(f"must be a string, not {type(value).__name__}", field=field,
                                hint="pass the same chain id with every step")
     return check_identifier(value, field, 128)  # the rule gRPC's CallToolRequest.chain_id follows
-
-
-def error_result(error: DomainError) -> types.CallToolResult:
-    detail = error_detail(error)  # with the backend's own fault, when it sent one
-    return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail, ensure_ascii=False))],
-                                structured_content=detail, is_error=True)
-
-
-def outcome_result(outcome: CallOutcome, spec_has_output_schema: bool) -> types.CallToolResult:
-    """A pipeline outcome as an MCP tool result."""
-    if outcome.error is not None:
-        return error_result(outcome.error)
-    result = outcome.result
-    assert result is not None
-    content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
-    if outcome.resource_uri:
-        content.append(types.ResourceLink(uri=outcome.resource_uri, name=f"result of {outcome.tool}",
-                                          mime_type="application/json",
-                                          description="the whole result; this answer was truncated"))
-        if spec_has_output_schema:
-            # A preview cannot match the tool's output schema, which clients check: say so instead.
-            detail = {"error_type": "result_too_large", "field": "", "retryable": False,
-                      "reason": f"the result ({result.value.get('total_bytes')} bytes) is over the gateway's cap",
-                      "hint": f"read the whole result as the resource {outcome.resource_uri}"}
-            return types.CallToolResult(content=[types.TextContent(text=json.dumps(detail)), content[1]],
-                                        structured_content=detail, is_error=True)
-    blocks = media_blocks(result.value) if not outcome.resource_uri else None
-    if blocks is not None:  # an upstream's images, audio or embedded resources: answered as themselves
-        return types.CallToolResult(content=_CONTENT.validate_python(blocks), is_error=False)
-    answer = types.CallToolResult(content=content, structured_content=result.value, is_error=False)
-    if outcome.replay_of:
-        answer.meta = {REPLAY_OF_META: outcome.replay_of}
-    return answer
 
 
 class Cancelled(DomainError):
@@ -180,12 +143,23 @@ def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str |
     return cancel_key(caller, session, ctx.request_id) if session else None
 
 
+async def _shows_output_schema(ports: CallPorts, name: str) -> bool:
+    """For a call that ended without the pipeline's outcome: whether its tool declares an output schema (False
+    when that cannot be read either)."""
+    try:
+        return await handlers.shows_output_schema(name, ports.registry)
+    except TRANSIENT_ERRORS:
+        return False
+
+
 async def answer_call(ports: CallPorts, caller: Principal | None, params: types.CallToolRequestParams, *,
-                      in_flight: InFlightCalls, cancel: str | None = None, report=None) -> types.CallToolResult:
+                      in_flight: InFlightCalls, cancel: str | None = None, report=None,
+                      version: str = "") -> types.CallToolResult:
     """A tools/call through the pipeline, as the MCP tool result (the SDK's handler and the lean path's).
 
     `cancel`: the key a 2025-era `notifications/cancelled` finds the call by; `report`: where the
-    upstream's progress goes (None: the caller sent no progress token)."""
+    upstream's progress goes (None: the caller sent no progress token); `version`: the caller's protocol
+    revision (outcome_result)."""
     if caller is None:
         return error_result(PermissionDenied("the request carries no authenticated caller",
                                              field="authorization", hint="send a bearer token"))
@@ -195,16 +169,19 @@ async def answer_call(ports: CallPorts, caller: Principal | None, params: types.
         return error_result(exc)
     call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
                     chain_id=chain_id, trace_id=current_trace_id())
-    outcome = None
+    outcome, failure = None, None
     with reporting_progress(report), in_flight.track(cancel) as scope:
         try:
             outcome = await pipeline.call_tool(call, ports)
         except TRANSIENT_ERRORS as exc:  # the audit log (PostgreSQL) or Redis is unreachable
-            return error_result(_unavailable(exc))
-    if outcome is None or scope.cancelled_caught:
-        return error_result(Cancelled("the caller cancelled the call", field="",
-                                      hint="the call was stopped, upstream too; call again to retry"))
-    return outcome_result(outcome, outcome.has_output_schema)
+            failure = _unavailable(exc)
+    if failure is None and (outcome is None or scope.cancelled_caught):
+        failure = Cancelled("the caller cancelled the call", field="",
+                            hint="the call was stopped, upstream too; call again to retry")
+    if failure is not None:
+        return error_result(failure, await _shows_output_schema(ports, call.name))
+    assert outcome is not None
+    return outcome_result(outcome, version)
 
 
 def build_server(ports: CallPorts, local_principal: Principal | None = None,
@@ -250,7 +227,8 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
         # is not asked for any either.
         report = ctx.session.report_progress if progress_token_from_params(ctx.params) is not None else None
         return await answer_call(ports, caller, params, in_flight=in_flight,
-                                 cancel=_cancel_key(ctx, caller) if caller is not None else None, report=report)
+                                 cancel=_cancel_key(ctx, caller) if caller is not None else None, report=report,
+                                 version=ctx.protocol_version)
 
     server = _GatewayServer(
         "mnemesh-tool-gateway", version=version("mnemesh"), instructions=INSTRUCTIONS,
@@ -274,10 +252,8 @@ def build_server(ports: CallPorts, local_principal: Principal | None = None,
                 raise MCPError(types.INVALID_PARAMS, f"{exc.error_type}: {exc.reason}", exc.to_dict()) from None
 
         server.tasks = True
-        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse, error_result))
-        for method, (params_type, handler) in task_handlers(
-                tasks, caller_of, lambda outcome: outcome_result(outcome, outcome.has_output_schema),
-                error_result).items():
+        server.middleware.append(TaskMiddleware(tasks, caller_of, chain_id_or_refuse, outcome_result))
+        for method, (params_type, handler) in task_handlers(tasks, caller_of, outcome_result, error_result).items():
             server.add_request_handler(method, params_type, handler)
     return server
 
@@ -321,8 +297,9 @@ def http_app(ports: CallPorts, verifier: TokenVerifier | None, *, allowed_hosts:
                      security=security, in_flight=in_flight,
                      schema_of=functools.partial(handlers.listed_schema, registry=ports.registry))
 
-    async def answer_reporting(caller, params, *, cancel=None):
-        return await answer_call(ports, caller, params, in_flight=in_flight, cancel=cancel, report=progress_reporter())
+    async def answer_reporting(caller, params, *, cancel=None, version=""):
+        return await answer_call(ports, caller, params, in_flight=in_flight, cancel=cancel, report=progress_reporter(),
+                                 version=version)
 
     relay = RelayCalls(fast, server, answer_reporting, path=PATH, security=security, in_flight=in_flight,
                        answers=answers or RelayAnswers(), levels=levels, timeout=relay_timeout)

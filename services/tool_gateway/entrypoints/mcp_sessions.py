@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -47,7 +48,8 @@ from libs.logs import get_logger
 from libs.transient import TRANSIENT_ERRORS
 
 __all__ = ["NOTICE_METHODS", "SESSION_HEADER", "STATE_ERRORS", "CancelPublisher", "ChangeFeed", "InFlightCalls",
-           "StatelessSessions", "SessionSubscriptions", "cancel_key", "capabilities_of_session", "session_for", "session_key"]
+           "StatelessSessions", "SessionSubscriptions", "cancel_key", "capabilities_of_session", "issued_session",
+           "session_for", "session_key"]
 
 log = get_logger(__name__)
 SESSION_HEADER = "mcp-session-id"
@@ -61,6 +63,7 @@ NOTICE_METHODS: dict[type, str] = {ToolsListChanged: "notifications/tools/list_c
 
 
 _FLAGS = {"s": "sampling", "e": "elicitation"}
+_ISSUED = re.compile(r"[0-9a-f]{32}(-(s|e|se))?")
 
 
 def session_for(capabilities: Any) -> str:
@@ -68,6 +71,11 @@ def session_for(capabilities: Any) -> str:
     declared = capabilities if isinstance(capabilities, dict) else {}
     flags = "".join(flag for flag, name in _FLAGS.items() if isinstance(declared.get(name), dict))
     return f"{uuid.uuid4().hex}-{flags}" if flags else uuid.uuid4().hex
+
+
+def issued_session(session: str) -> bool:
+    """Whether `session` is shaped like the ids `session_for` makes (this gateway's, or a forgery of one)."""
+    return _ISSUED.fullmatch(session) is not None
 
 
 def capabilities_of_session(session: str) -> dict[str, Any]:

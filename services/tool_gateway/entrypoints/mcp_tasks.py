@@ -83,9 +83,9 @@ class TaskMiddleware:
     """Answers a task-augmented `tools/call` (2025-11-25) with the task, the call running in the background."""
 
     def __init__(self, runner: TaskRunner, caller, chain_id_of,
-                 refuse: Callable[[DomainError], types.CallToolResult]) -> None:
-        """`refuse`: a refusal as the tool result a `tools/call` would have had."""
-        self.runner, self.caller, self.chain_id_of, self.refuse = runner, caller, chain_id_of, refuse
+                 answer: Callable[[CallOutcome], types.CallToolResult]) -> None:
+        """`answer`: a refusal's outcome as the tool result a `tools/call` would have had."""
+        self.runner, self.caller, self.chain_id_of, self.answer = runner, caller, chain_id_of, answer
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else None
@@ -105,20 +105,21 @@ class TaskMiddleware:
         if caller is None:
             return await call_next(ctx)  # the handler answers the refusal
         chain_id = self.chain_id_of(typed)  # raises MCPError (invalid params) when malformed
-        try:  # refused before its backend (unknown tool, scopes, arguments, rate limit...): no task, a tool error
-            state = await self.runner.start(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
-                                                     principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
-        except DomainError as exc:
-            return self.refuse(exc).model_dump(by_alias=True, mode="json", exclude_none=True)
-        return {"task": wire_task(state), "content": []}
+        begun = await self.runner.begin(ToolCall(name=typed.name, arguments=dict(typed.arguments or {}),
+                                                 principal=caller, chain_id=chain_id, trace_id=current_trace_id()))
+        if isinstance(begun, CallOutcome):  # refused before its backend (unknown tool, scopes, arguments, rate
+            # limit...): no task, the tool error a tools/call would have had
+            return self.answer(begun).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return {"task": wire_task(begun), "content": []}
 
 
 def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], types.CallToolResult],
-                  refuse: Callable[[DomainError], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
+                  refuse: Callable[[DomainError, bool], types.CallToolResult]) -> dict[str, tuple[type, Any]]:
     """`tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`, for Server.add_request_handler: the caller's
     own tasks only (TaskRunner checks it: scope tools:call and the same subject, or tools:admin except for
     listing).
-    `answer` and `refuse` turn an outcome and an error into the tool result a `tools/call` would have had."""
+    `answer` and `refuse` turn an outcome and an error (and whether the tool declares an output schema) into
+    the tool result a `tools/call` would have had."""
 
     def principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
         found: Principal | None = caller(ctx)
@@ -147,11 +148,12 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
     async def task_result(ctx: ServerRequestContext[Any, Any],
                           params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         state = await load(ctx, params.task_id, wait=True)
+        schema = bool(state.get("has_output_schema"))
         if state.get("outcome"):
             result = answer(stored_outcome(state["outcome"]))
         elif state["state"] == "cancelled":
             result = refuse(_StoredError({"error_type": "cancelled", "reason": state.get("status_message", ""),
-                                                "hint": "call again to retry"}))
+                                          "hint": "call again to retry"}), schema)
         elif state["state"] == "failed":  # ended without an outcome: its replica was lost, or the gateway failed
             lost = bool(state.get("lost"))
             result = refuse(_StoredError({
@@ -159,7 +161,7 @@ def task_handlers(runner: TaskRunner, caller, answer: Callable[[CallOutcome], ty
                 "reason": state.get("status_message", "") or "the task failed before its call ended",
                 "retryable": False,
                 "hint": "the call may or may not have reached the tool: check it (GetCall, or the tool's status "
-                        "tool) before calling again" if lost else "call again to retry"}))
+                        "tool) before calling again" if lost else "call again to retry"}), schema)
         else:  # still working when the wait ended
             raise MCPError(types.INVALID_REQUEST, f"task_working: task {params.task_id} is still {state['state']}",
                            {"error_type": "task_working", "field": "taskId", "retryable": True,

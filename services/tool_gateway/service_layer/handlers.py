@@ -15,7 +15,7 @@ from services.tool_gateway.domain.rollout import Rollout, promote, roll_back, st
 from services.tool_gateway.service_layer.ports import CallLog, Registry, ResultStore
 
 __all__ = ["get_call", "list_current_tools", "list_tools", "listed_schema", "promote_canary", "register_tool",
-           "remove_tool", "roll_back_tool", "set_canary", "visible_to"]
+           "remove_tool", "roll_back_tool", "set_canary", "shows_output_schema", "visible_to"]
 
 
 async def register_tool(spec: ToolSpec, registry: Registry) -> ToolSpec:
@@ -64,6 +64,14 @@ async def listed_schema(principal: Principal, name: str, registry: Registry) -> 
     versions, rollout = await registry.lookup(name)
     shown = current_versions(versions, {name: rollout.stable} if rollout is not None and rollout.stable else None)
     return shown[0].input_schema if shown and visible_to(shown[0], principal) else None
+
+
+async def shows_output_schema(name: str, registry: Registry) -> bool:
+    """Whether the tool tools/list shows by `name` (its current, stable version) declares an output schema;
+    False when none is registered by that name."""
+    versions, rollout = await registry.lookup(name)
+    shown = current_versions(versions, {name: rollout.stable} if rollout is not None and rollout.stable else None)
+    return bool(shown and shown[0].output_schema)
 
 
 async def _versions(name: str, registry: Registry) -> tuple[list[ToolSpec], Rollout | None]:

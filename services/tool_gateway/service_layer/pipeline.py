@@ -316,9 +316,13 @@ async def _run(call: ToolCall, admitted: Admitted, ports: CallPorts) -> CallOutc
                        served_by=served_by, attempts=attempts, has_output_schema=bool(spec.output_schema))
 
 
-def _failed(call_id: str, name: str, version: str, error: DomainError) -> CallOutcome:
+def _failed(call_id: str, name: str, version: str, error: DomainError, spec: ToolSpec | None) -> CallOutcome:
+    """`spec`: the tool the call was routed to (None: refused before that). Whether it declares an output schema
+    travels with the failure, since MCP shapes a tool error after it (clients check structured content against
+    the schema, errors included)."""
     kind = "timeout" if error.error_type == "deadline_exceeded" else "error"
-    return CallOutcome(call_id, name, version, error=error, outcome=kind, attempts=getattr(error, "attempts", 0))
+    return CallOutcome(call_id, name, version, error=error, outcome=kind, attempts=getattr(error, "attempts", 0),
+                       has_output_schema=bool(spec is not None and spec.output_schema))
 
 
 async def admit_call(call: ToolCall, ports: CallPorts) -> Admitted | CallOutcome:
@@ -328,13 +332,14 @@ async def admit_call(call: ToolCall, ports: CallPorts) -> Admitted | CallOutcome
     current_principal.set(call.principal)
     started = ports.clock()
     call_id = uuid.uuid4().hex
-    version = call.version
+    version, spec = call.version, None
     try:
         spec, rollout, arm = await _route(call, ports.registry)
         version = spec.version
         return await _check(call, spec, call_id, started, ports, rollout, arm)
     except DomainError as exc:
-        outcome = replace(_failed(call_id, call.name, version, exc), latency_ms=(ports.clock() - started) * 1000)
+        outcome = replace(_failed(call_id, call.name, version, exc, spec),
+                          latency_ms=(ports.clock() - started) * 1000)
         await record_call(call, outcome, ports)
         return outcome
 
@@ -345,7 +350,8 @@ async def call_tool(call: ToolCall, ports: CallPorts, admitted: Admitted | None 
     current_principal.set(call.principal)  # backends that act for the caller (memory) read it; this task only
     started = admitted.started if admitted is not None else ports.clock()
     call_id = admitted.call_id if admitted is not None else uuid.uuid4().hex
-    version = admitted.spec.version if admitted is not None else call.version
+    spec = admitted.spec if admitted is not None else None
+    version = spec.version if spec is not None else call.version
     try:
         if admitted is None:
             spec, rollout, arm = await _route(call, ports.registry)
@@ -353,11 +359,12 @@ async def call_tool(call: ToolCall, ports: CallPorts, admitted: Admitted | None 
             admitted = await _check(call, spec, call_id, started, ports, rollout, arm)
         outcome = await _run(call, admitted, ports)
     except DomainError as exc:
-        outcome = _failed(call_id, call.name, version, exc)
+        outcome = _failed(call_id, call.name, version, exc, spec)
     except asyncio.CancelledError:  # the caller went away (or the gateway stops): audited all the same
         cancelled = CallOutcome(call_id, call.name, version, error=CallCancelled(
             "the caller cancelled the call", hint="the call was stopped, upstream too; call again to retry"),
-            outcome="cancelled", latency_ms=(ports.clock() - started) * 1000, attempts=0)
+            outcome="cancelled", latency_ms=(ports.clock() - started) * 1000, attempts=0,
+            has_output_schema=bool(spec is not None and spec.output_schema))
         record_detached(record_call(call, cancelled, ports))
         raise
     outcome = replace(outcome, latency_ms=(ports.clock() - started) * 1000)

@@ -94,29 +94,38 @@ class TaskRunner:
         self._began: set[str] = set()  # tasks whose coroutine runs (the others were cancelled before it ran)
 
     async def start(self, call: ToolCall) -> dict[str, Any]:
+        """`begin`, with its refusal raised (its error)."""
+        begun = await self.begin(call)
+        if isinstance(begun, CallOutcome):
+            assert begun.error is not None
+            raise begun.error
+        return begun
+
+    async def begin(self, call: ToolCall) -> dict[str, Any] | CallOutcome:
         """Check the call as the pipeline does before its backend (resolve, authorise, arguments, chain, rate
-        limit, breaker: a refusal is raised here, audited, and no task is made), save the task as working
-        (unless its caller has `max_working_per_caller` working already: RateLimited) and start its call; the
-        saved state (with `task_id`)."""
+        limit, breaker: a refusal answers its outcome here, audited, and no task is made), save the task as
+        working (unless its caller has `max_working_per_caller` working already: RateLimited) and start its call;
+        the saved state (with `task_id`)."""
         admitted = await admit_call(call, self.ports)
         if isinstance(admitted, CallOutcome):
-            assert admitted.error is not None
-            raise admitted.error
+            return admitted
         tenant = call.principal.tenant_id or SYSTEM_TENANT
         task_id = uuid.uuid4().hex
         now = _now()
+        # has_output_schema: how the task's end is answered when it has no outcome (cancelled, lost), as tools/call.
         state = {"task_id": task_id, "state": "working", "tool": call.name, "caller": call.principal.subject,
                  "created_at": now, "updated_at": now, "status_message": f"{call.name} is running",
-                 "ttl_ms": int(self.ttl_seconds * 1000)}
+                 "ttl_ms": int(self.ttl_seconds * 1000), "has_output_schema": bool(admitted.spec.output_schema)}
         working = await self.store.begin(tenant, task_id, state, self.lease_seconds, self.max_working)
         if working <= 0:
             refused = RateLimited(f"you have {-working} working tasks, the most one caller may have "
                                   f"({self.max_working})", field="as_task",
                                   hint="wait for one of them to end (GetTask, MCP tasks/get) or cancel one, then "
                                        "call again; or call without a task")
-            await record_call(call, CallOutcome(admitted.call_id, call.name, admitted.spec.version, error=refused,
-                                                outcome="error", attempts=0), self.ports)
-            raise refused
+            outcome = CallOutcome(admitted.call_id, call.name, admitted.spec.version, error=refused, outcome="error",
+                                  attempts=0, has_output_schema=state["has_output_schema"])
+            await record_call(call, outcome, self.ports)
+            return outcome
         with reporting_progress(None):  # the request that started it ends now: no progress goes to it
             task = asyncio.get_running_loop().create_task(self._run(tenant, state, call, admitted),
                                                           name=f"tool task {task_id}")

@@ -31,7 +31,9 @@ async def test_a_caller_the_gateway_cannot_ask_for_input_fails_on_its_side_and_t
                   for tool in ("rm.ask_llm", "local.ask_llm")}
     for tool, failed in errors.items():
         assert {e["error_type"] for e in failed} == {"backend_error"}, (tool, failed[-1])  # never circuit_open
-        assert all(e["retryable"] is False and "2025-era session" in e["hint"] for e in failed), failed[-1]
+        # what would serve the call: a caller the gateway can ask, or (a stdio upstream's tool) none
+        hint = "2025-era session" if tool == "rm.ask_llm" else "cannot ask the caller for input through the gateway"
+        assert all(e["retryable"] is False and hint in e["hint"] for e in failed), failed[-1]
     async with client_of(federating, sampling_callback=sample) as client:  # a caller it can ask: served at once
         sampled = await client.call_tool("rm.ask_llm", {"prompt": "hello"})
     assert sampled.structured_content == {"said": "you said hello", "model": "test-model"}

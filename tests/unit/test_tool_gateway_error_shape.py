@@ -155,3 +155,28 @@ async def test_the_link_to_a_whole_result_is_a_text_block_for_revisions_before_r
             assert link.text == f"the whole result is the resource {outcome.resource_uri}; read it with resources/read"
         else:
             assert link.uri == outcome.resource_uri
+
+
+async def test_an_error_the_pipeline_did_not_shape_is_text_only_when_the_registry_cannot_say_soon(
+        monkeypatch) -> None:
+    """PostgreSQL away (the registry cache off too): the lookup of the tool's output schema is bounded, and in
+    doubt the error is text alone, which no client's check of structured content can break."""
+    from services.tool_gateway.entrypoints import mcp_server
+    from services.tool_gateway.entrypoints.mcp_sessions import InFlightCalls
+
+    ports = await ports_with(UNTYPED)
+    monkeypatch.setattr(mcp_server, "LOOKUP_SECONDS", 0.05)
+
+    async def unreachable(call, ports):
+        raise ConnectionRefusedError("PostgreSQL is away")
+
+    async def slow_lookup(name):
+        await asyncio.sleep(10)
+
+    monkeypatch.setattr(mcp_server.pipeline, "call_tool", unreachable)
+    monkeypatch.setattr(ports.registry, "lookup", slow_lookup)
+    params = SimpleNamespace(name=UNTYPED.name, arguments={"id": "7"}, meta=None)
+    started = asyncio.get_running_loop().time()
+    result = await mcp_server.answer_call(ports, LOCAL, params, in_flight=InFlightCalls())
+    assert asyncio.get_running_loop().time() - started < 2
+    assert result.structured_content is None and text_error(result)["error_type"] == "unavailable"

@@ -145,16 +145,20 @@ class LeanHttpCaller:
         `relay`: the calling client, to which the upstream's log messages and requests go (and whose
         answers come back); `report`: where its progress goes. A 2026-07-28 upstream that answers
         `input_required` has its input requests asked of the client and the call retried with the
-        answers, up to MAX_ROUNDS times. `asked`: where what the client made of those requests is noted, and
+        answers (one with only its `requestState` is retried with it, relay or not), up to MAX_ROUNDS times. `asked`: where what the client made of those requests is noted, and
         the call's deadline they must fit in. `headers`: the `Mcp-Param-*` headers mirroring the arguments the
         tool's input schema marks `x-mcp-header` (2026-07-28), sent with every round."""
         asked = asked or CallerAsked()
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        delay = 0.05
         for _ in range(MAX_ROUNDS):
             result = await self._call_once(tool, params, relay, report, asked, headers)
-            if result.get("resultType") != "input_required" or relay is None:
-                return result
             requests = result.get("inputRequests") or {}
+            if result.get("resultType") != "input_required" or (relay is None and requests):
+                return result
+            if not requests:  # only its state: the upstream is still working, and is asked again with it
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
             answers: dict[str, Any] = {}
             for key, request in (requests.items() if isinstance(requests, dict) else ()):
                 if not isinstance(request, dict) or not isinstance(request.get("method"), str):
@@ -163,7 +167,7 @@ class LeanHttpCaller:
                     answers[key] = await asked.ask(relay, request["method"], request.get("params") or {})
                 except RelayRefused as exc:
                     raise UpstreamRefused(f"the client could not answer {request['method']}: {exc.message}") from None
-            params = {"name": tool, "arguments": arguments, "inputResponses": answers}
+            params = {"name": tool, "arguments": arguments} | ({"inputResponses": answers} if answers else {})
             if result.get("requestState") is not None:
                 params["requestState"] = result["requestState"]
         raise UpstreamRefused(f"the upstream asked for input more than {MAX_ROUNDS} times")

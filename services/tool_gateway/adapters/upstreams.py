@@ -346,7 +346,7 @@ class UpstreamManager:
             # the upstream `notifications/cancelled` (or close the request's stream on 2026-07-28 HTTP).
             result = await upstream_sdk.call_tool(conn.client, tool, arguments, timeout, report)
         except MCPError as exc:
-            if exc.error.code == types.HEADER_MISMATCH:  # its tools changed: listed again for the next call
+            if exc.error.code == types.HEADER_MISMATCH:  # listed again and resent, refused still: its tools changed
                 conn.changed.set()
             raise _refused(exc.error.message) from None
         except (OSError, EOFError, RuntimeError) as exc:  # the transport broke under the call
@@ -354,7 +354,7 @@ class UpstreamManager:
             raise Unavailable(f"the upstream {upstream!r} connection failed ({type(exc).__name__})",
                               hint="retry with backoff") from None
         if isinstance(result, types.InputRequiredResult):  # nobody on this path can be asked
-            raise _cannot_ask()
+            raise _cannot_ask(relayable=conn.lean is not None)
         return _result(result)
 
     async def _lean_call(self, upstream: str, conn: _Connection, lean: LeanHttpCaller, tool: str,
@@ -427,13 +427,16 @@ def _caller_side(error: BackendFailed, refused: bool) -> BackendFailed:
     return error
 
 
-def _cannot_ask() -> BackendFailed:
+def _cannot_ask(relayable: bool = True) -> BackendFailed:
     """An upstream asked for input (2026-07-28 `input_required`) of a caller the gateway cannot relay to: the
-    caller's doing (stdio, gRPC and 2026-07-28 callers are never relayed to), not the upstream's."""
+    caller's doing (stdio, gRPC and 2026-07-28 callers are never relayed to), not the upstream's. `relayable`:
+    the upstream's calls can be relayed to other callers (a Streamable HTTP one; a stdio one's never are)."""
     error = _caller_side(BackendFailed("the upstream needs input (sampling or elicitation) from the calling client, "
                                        "which the gateway cannot ask it for"), True)
     error.hint = ("call this tool over MCP Streamable HTTP in a 2025-era session (initialize) that declares the "
-                  "capability, or use a tool that needs no input mid-call")
+                  "capability, or use a tool that needs no input mid-call" if relayable else
+                  "this upstream's tools cannot ask the caller for input through the gateway: use a tool that "
+                  "needs no input mid-call")
     return error
 
 

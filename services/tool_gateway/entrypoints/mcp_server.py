@@ -21,6 +21,7 @@ mcp_sessions) stops, and so does the upstream call under it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from importlib.metadata import version
 from typing import Any
@@ -143,13 +144,18 @@ def _cancel_key(ctx: ServerRequestContext[Any, Any], caller: Principal) -> str |
     return cancel_key(caller, session, ctx.request_id) if session else None
 
 
+LOOKUP_SECONDS = 1.0  # for the shape of an error the pipeline did not answer
+
+
 async def _shows_output_schema(ports: CallPorts, name: str) -> bool:
-    """For a call that ended without the pipeline's outcome: whether its tool declares an output schema (False
-    when that cannot be read either)."""
+    """For a call that ended without the pipeline's outcome: whether its tool declares an output schema. True
+    when that cannot be read soon (the registry is unreachable): an error as text alone never breaks a client,
+    structured content that does not match a declared schema may."""
     try:
-        return await handlers.shows_output_schema(name, ports.registry)
-    except TRANSIENT_ERRORS:
-        return False
+        async with asyncio.timeout(LOOKUP_SECONDS):
+            return await handlers.shows_output_schema(name, ports.registry)
+    except (TimeoutError, *TRANSIENT_ERRORS):
+        return True
 
 
 async def answer_call(ports: CallPorts, caller: Principal | None, params: types.CallToolRequestParams, *,
@@ -166,7 +172,7 @@ async def answer_call(ports: CallPorts, caller: Principal | None, params: types.
     try:
         chain_id = chain_id_of(params)
     except DomainError as exc:
-        return error_result(exc)
+        return error_result(exc, await _shows_output_schema(ports, params.name))
     call = ToolCall(name=params.name, arguments=dict(params.arguments or {}), principal=caller,
                     chain_id=chain_id, trace_id=current_trace_id())
     outcome, failure = None, None

@@ -177,3 +177,28 @@ async def test_a_lean_call_mirrors_the_arguments_the_tools_schema_marks_x_mcp_he
     [(_, both), (_, none), (_, unmarked)] = lean.sent
     assert both["Mcp-Param-Zone"] == "7" and both["Mcp-Param-Region"].startswith("=?base64?")  # not a token
     assert none == {} and unmarked is None
+
+
+async def test_an_upstream_still_working_is_called_again_with_its_state_with_no_caller_to_ask() -> None:
+    """A 2026-07-28 `input_required` that carries only its `requestState` asks nobody: the lean caller calls again
+    with it (no relay needed); one that asks for input comes back as it is when there is no caller to ask."""
+    from services.tool_gateway.adapters.upstream_http import LeanHttpCaller
+
+    caller = object.__new__(LeanHttpCaller)  # its transport is not used: `_call_once` answers below
+    sent: list[dict] = []
+    answers = [{"resultType": "input_required", "requestState": "s1"},
+               {"resultType": "input_required", "requestState": "s2"},
+               {"content": [], "structuredContent": {"job": "done"}}]
+
+    async def call_once(tool, params, relay, report, asked=None, headers=None):
+        sent.append(dict(params))
+        return answers[len(sent) - 1]
+
+    caller._call_once = call_once  # type: ignore[method-assign]
+    assert await caller.call("job", {"x": 1}) == answers[2]
+    assert [p.get("requestState") for p in sent] == [None, "s1", "s2"]
+    assert all("inputResponses" not in p for p in sent)
+    asking = {"resultType": "input_required", "inputRequests": {"q": {"method": "elicitation/create", "params": {}}}}
+    answers[:] = [asking]
+    sent.clear()
+    assert await caller.call("job", {}) == asking and len(sent) == 1

@@ -104,3 +104,16 @@ async def test_a_summary_follows_the_tenants_contacts_rule_set_after_its_turns()
     done = await compress_session(CompressSession("acme", "u1", "s1", force=True), FakeUnitOfWork(db), now=NOW)
     summary = db.rows[done.summary_memory_id]
     assert summary.sensitive_kind == "phone" and "13812345678" not in summary.redacted.replace(" ", "")
+
+
+def test_an_extractive_summary_of_both_speakers_is_not_taken_for_a_fake_transcript() -> None:
+    """The summary goes through the poisoning guard like any write: its lines name their speaker, but not as the
+    "user:" / "assistant:" lines of a chat transcript the guard holds."""
+    from services.memory_writer.domain.compression import Turn, extractive_summary
+    from services.memory_writer.domain.guard import findings
+
+    turns = [Turn("m1", "user", "I prefer aisle seats on long flights, budget 3000 yuan."),
+             Turn("m2", "assistant", "Noted: aisle seats, at most 3000 yuan."),
+             Turn("m3", "user", "我下周三要去上海出差，订两间无烟房。")]
+    summary = extractive_summary(turns, budget_ratio=1.0)
+    assert "aisle" in summary and "上海" in summary and findings(summary) == ()

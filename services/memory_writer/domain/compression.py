@@ -87,5 +87,5 @@ def extractive_summary(turns: list[Turn], budget_ratio: float = 0.4) -> str:
     lines = []
     for i, j, role, text, _ in sentences:
         if (i, j) in chosen:
-            lines.append(f"{role}: {text}" if role else text)
+            lines.append(f"({role}) {text}" if role else text)  # not "user:", which reads as a chat transcript
     return "\n".join(lines)

@@ -21,7 +21,7 @@ import jsonschema
 
 from libs.errors import ValidationFailed
 
-__all__ = ["FORMATS", "check_entity", "check_schema", "format_of", "luhn_ok", "resident_id_check_digit"]
+__all__ = ["FORMATS", "PROVINCES", "check_entity", "check_schema", "format_of", "luhn_ok", "resident_id_check_digit"]
 
 FIELD = "content"
 
@@ -158,8 +158,8 @@ def amount(value: str) -> str:
 # --- Chinese resident ID numbers -------------------------------------------------------------------------
 
 _WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
-_PROVINCES = {11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46, 50, 51, 52,
-              53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91}
+PROVINCES = frozenset({11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46, 50, 51,
+                       52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91})  # the first two digits of a resident ID
 
 
 def resident_id_check_digit(first17: str) -> str:
@@ -175,7 +175,7 @@ def cn_resident_id(value: str) -> str:
     body, last = text[:17], text[17]
     if not (body.isascii() and body.isdigit()) or not (last.isdigit() or last == "X"):
         raise _refuse("the ID number may hold only digits, and X as its last character", hint)
-    if int(body[:2]) not in _PROVINCES:
+    if int(body[:2]) not in PROVINCES:
         raise _refuse("the ID number's first two digits are no region code", hint)
     try:
         a_date(f"{body[6:10]}-{body[10:12]}-{body[12:14]}")

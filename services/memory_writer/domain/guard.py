@@ -1,19 +1,24 @@
 """The poisoning guard: content that would steer an agent, or writes anomalous for their source.
 
-Memory is read back into an agent's context, so text stored there acts like a prompt. The guard
-quarantines (stores apart, never serves) content that carries:
+Memory is read back into an agent's context, so text stored there acts like a prompt. The guard reads a
+write the way a model would (folded: full-width and look-alike letters, invisible characters, letter-by-
+letter spacing; `textfold`), finds independent features in each sentence (`_guard_lexicon`,
+`_guard_markup`) and quarantines when they combine:
 
-- injected instructions, English and Chinese: "ignore previous instructions", "you are now…",
-  "你现在是…", "忽略之前的指令", role-play set-ups, "reveal your system prompt";
-- fake conversation or tool markup: chat-template tokens (<|im_start|>, [INST], <<SYS>>), role
-  lines ("System:", "Assistant:"), tool-call JSON or tags;
-- hidden markup: HTML comments, scripts, event handlers, zero-width runs, markdown images that
-  would send data to a URL;
+- decisive alone: chat special tokens and role/tool markup, a transcript of two speakers, active or hidden
+  markup carrying instructions, a bidi override, text smuggled in tag characters, an unambiguous override of
+  "your / previous / system instructions", a request for the agent's own prompt, a transfer of the
+  conversation, memory or credentials to a URL or e-mail address;
+- decisive together: a weaker override (someone's "previous rules") with a directive or a second feature; an
+  identity given to "you" with constraints removed; a model addressed with an imperative; a memory command
+  with a standing rule or an authority claim; a standing rule with "regardless" or aimed at the user; a
+  header ("New task:"), a role line ("System:") or a mode switch ("developer mode") with a second feature.
 
-and writes anomalous for their source: oversized model inferences, write bursts of one user,
-a model inference contradicting an L1 fact. Benign look-alikes ("ignore the previous email",
-"我现在是学生", "she said to act as a mentor") are not caught: patterns require the imperative
-addressed to the agent. No I/O here; `Signals` carries what the handler measured.
+A sentence addressed to a person ("From now on, you will receive invoices monthly"), someone else's
+instructions ("the accountant said to ignore the previous rules"), acting ("kids pretend to be
+astronauts") and label lines ("System: Windows 11") have at most one feature and pass. Writes anomalous for
+their source: oversized model inferences, write bursts of one user, a model inference contradicting an L1
+fact. No I/O here; `Signals` carries what the handler measured.
 """
 
 from __future__ import annotations
@@ -21,51 +26,49 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["BURST_LIMIT", "Signals", "Verdict", "assess"]
+from services.memory_writer.domain import _guard_lexicon as lex
+from services.memory_writer.domain._guard_markup import ROLE_LINE, ROLE_TAG, hidden_segments, markup_findings
+from services.memory_writer.domain._guard_rules import decide, overrides
+from services.memory_writer.domain.textfold import (
+    close_spacing,
+    fold_for_reading,
+    fold_text,
+    invisible,
+    spaced_out,
+    unleet,
+)
+
+__all__ = ["BURST_LIMIT", "Signals", "Verdict", "assess", "findings", "injected"]
 
 BURST_LIMIT = 120  # default: writes of one user within a minute before the rest of the burst is held back
 MAX_INFERENCE_CHARS = 4_000  # a model inference longer than this is not a fact, it is a payload
 
-_I = re.IGNORECASE
-_INSTRUCTIONS = [
-    re.compile(r"\b(ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,30}\b(all\s+)?(the\s+)?(previous|prior|"
-               r"above|earlier|preceding|former|your|system|original)\s+(instructions?|prompts?|rules?|directions?|"
-               r"guidelines?|context)", _I),
-    re.compile(r"\byou\s+(are|will\s+be|shall\s+be)\s+now\b|\bfrom\s+now\s+on,?\s+you\s+(are|will|must|should|shall)"
-               r"\b|\byou\s+are\s+no\s+longer\b", _I),
-    re.compile(r"\b(now\s+)?(act|behave|respond)\s+as\s+(if\s+you\s+were\s+)?(an?\s+)?(unrestricted|unfiltered|"
-               r"jailbroken|evil|different|new)\b|\bpretend\s+(that\s+)?(you\s+are|to\s+be)\b|\broleplay\s+as\b|"
-               r"\b(enter|enable|activate)\s+(developer|god|dan|jailbreak)\s+mode\b|\bdo\s+anything\s+now\b", _I),
-    re.compile(r"\b(reveal|print|show|repeat|output|leak)\s+(me\s+)?(your|the)\s+(system\s+prompt|hidden\s+"
-               r"instructions|initial\s+instructions|instructions\s+above)\b", _I),
-    re.compile(r"\bnew\s+(system\s+)?(instructions?|task)\s*[:：]|\bsystem\s+(override|prompt)\s*[:：]|"
-               r"\bimportant\s*[:：]\s*(the\s+)?(assistant|ai|model)\s+(must|should|will)\b", _I),
-    re.compile(r"\b(always|never)\s+(recommend|tell|say|answer|reply|respond|mention)\b[^.\n]{0,60}\b(regardless|"
-               r"no\s+matter|whatever)\b", _I),
-    re.compile(r"\b(send|forward|transfer|email|upload|exfiltrate)\b[^.\n]{0,40}\b(all|every|the\s+user'?s?)\s+("
-               r"conversation|chat\s+history|memor(y|ies)|passwords?|credentials|api\s+keys?|data)\b[^.\n]{0,40}\bto\b",
-               _I),
-    re.compile(r"(忽略|无视|忘记|忘掉|不要理会|不要遵守|跳过|绕过)(掉)?(你)?(之前|以上|上面|前面|先前|原来|原有|所有|系统)?的?"
-               r"(所有|全部|一切)?的?(指令|指示|提示|提示词|规则|设定|要求|命令|说明|限制)"),
-    re.compile(r"(你现在是|你现在扮演|从现在起你|从现在开始你|现在开始你是|你不再是|你的新身份是|你将扮演)"),
-    re.compile(r"(扮演|假装你是|假装自己是|角色扮演)(一个|一名|一位)?[^，。,.\n]{0,12}(不受限制|没有限制|无限制|邪恶|黑客|DAN)|"
-               r"(进入|开启|启用)(开发者|上帝|越狱)模式"),
-    re.compile(r"(输出|告诉我|显示|泄露|重复)(你的)?(系统提示|系统提示词|隐藏指令|初始指令)"),
-    re.compile(r"(新的?指令|系统指令|最高指令)\s*[:：]"),
-    re.compile(r"(把|将)(用户的?)?(所有|全部)?(对话|聊天记录|记忆|密码|凭证|数据)[^，。\n]{0,10}(发送|转发|上传)(到|给)"),
-    re.compile(r"(无论|不管)(用户)?(问|说)什么[^，。\n]{0,6}(都|一律)(回答|推荐|说|回复)"),
-]
-_MARKUP = [
-    re.compile(r"<\|(im_start|im_end|system|user|assistant|endoftext)\|>|\[/?INST\]|<<\s*/?SYS\s*>>|</?s>\s*\[INST",
-               _I),
-    re.compile(r"(^|\n)\s*(system|assistant|###\s*(system|instruction)|系统|助手)\s*[:：]\s*\S", _I),
-    re.compile(r"<\s*/?\s*(tool_call|function_call|tool_use|tool_result|invoke)\b|\"(function_call|tool_calls)\"\s*:",
-               _I),
-    re.compile(r"<!--[\s\S]*?-->|<\s*script\b|\bon(error|load|click)\s*=|javascript\s*:|<\s*iframe\b|"
-               r"style\s*=\s*[\"'][^\"']*display\s*:\s*none", _I),
-    re.compile(r"!\[[^\]]*\]\(\s*https?://[^)\s]*\?[^)\s]*=", _I),
-    re.compile(r"[\u200b\u200c\u200d\u2060\ufeff\u202e\u2066-\u2069]{2,}|[\U000e0000-\U000e007f]"),
-]
+# Which reason each finding is reported under (the reasons are part of the API: quarantine_reasons).
+_MARKUP_FINDINGS = frozenset({"chat_tokens", "role_markup", "transcript", "fake_turn", "active_content",
+                              "data_image", "hidden_text", "bidi_override", "smuggled_text"})
+
+# Sentence ends; after NFKC a Chinese "！？；" is ASCII, and ends a sentence when Chinese follows it.
+_BOUNDARY = re.compile(r"[.!?;](?=\s)|[!?;](?=[^\x00-\x7f])|[。！？；\n]")
+_WORDS = re.compile(r"[a-z]{2}|[\u3400-\u9fff]")
+_SPACES = re.compile(r"[ \t\f\v]+")
+_MIXED_SCRIPT = re.compile(r"[A-Za-z][\u0370-\u03ff\u0400-\u04ff]|[\u0370-\u03ff\u0400-\u04ff][A-Za-z]")
+_DISGUISED = re.compile(r"[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]")  # full-width, math
+_DAN = re.compile(r"(?<![A-Za-z])DAN(?![A-Za-z])")  # the jailbreak persona, upper case (Dan is a name)
+_INSTRUCTIONAL = frozenset({"directive", "you_directive", "agent_addressed", "agent_directive",
+                            "agent_mention_strong", "override_strong", "override_weak", "override_reported", "persona",
+                            "roleplay", "unbound", "standing", "authority", "header", "header_ai", "prompt_leak",
+                            "user_target", "memory_command", "role_line", "role_tag", "devmode", "obey"})
+# Features that never decide, alone or with each other: only with one of the others (see _guard_rules).
+_PARTNERS = ("directive", "you_directive", "user_target", "agent_mention", "agent_mention_strong", "unbound",
+             "exfil_object", "external_destination", "own_data", "first_person_commit")
+# Features too common to mark a short hidden comment ("<!-- end -->") as instructions on their own.
+_GENERIC = frozenset({"directive", "user_target", "agent_mention_strong"})
+# Full-width or mathematical letters are ordinary in some text (Chinese input methods): they count with a
+# feature that reads as an instruction on its own. Letters hidden by zero-width characters, spelled out
+# one by one, or mixing scripts inside a word count with any instruction-like feature.
+_AFTER_DISGUISE = frozenset({"override_weak", "override_reported", "persona", "roleplay", "unbound",
+                             "agent_addressed", "role_line", "role_tag", "header_ai", "authority", "prompt_leak",
+                             "devmode", "obey"})
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,90 @@ class Verdict:
         return bool(self.reasons)
 
 
+def _squeezed(text: str) -> str:
+    return _SPACES.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _sentence_features(text: str, jailbreak_name: bool, every_feature: bool = True) -> list[set[str]]:
+    """The features found in each sentence of `text` (reading form). Features that only ever complete another
+    (a directive, a model mentioned, a destination...) are looked for only when one they complete is there,
+    or when `every_feature` is asked for."""
+    if not _WORDS.search(text):  # every feature needs a word of two letters or a Chinese character
+        return []
+    starts = [0] + [m.end() for m in _BOUNDARY.finditer(text)]
+    sentences: list[set[str]] = [set() for _ in starts]
+
+    def add(position: int, name: str) -> None:
+        lo, hi = 0, len(starts)
+        while hi - lo > 1:  # bisect: the sentence holding `position`
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if starts[mid] <= position else (lo, mid)
+        sentences[lo].add(name)
+
+    for name, pattern in lex.FEATURES.items():
+        if name not in _PARTNERS:
+            for m in pattern.finditer(text):
+                add(m.start(), name)
+    for m in lex.CLAUSE_FEATURES.finditer(text):
+        for name, value in m.groupdict().items():
+            if value is not None:
+                add(m.start(), name)
+    for position, level in overrides(text):
+        add(position, "override_" + level)
+    for m in ROLE_LINE.finditer(text):
+        add(m.start(), "role_line")
+    for m in ROLE_TAG.finditer(text):
+        add(m.start(), "role_tag")
+    if jailbreak_name:
+        for m in re.finditer(r"(?<![a-z])dan(?![a-z])", text):
+            add(m.start(), "unbound")
+    if every_feature or any(sentences):
+        for name in _PARTNERS:
+            for m in lex.FEATURES[name].finditer(text):
+                add(m.start(), name)
+    return sentences
+
+
+def _instructions(reading: str, disguise_partners: frozenset[str], jailbreak_name: bool) -> set[str]:
+    return decide(_sentence_features(reading, jailbreak_name, bool(disguise_partners)), disguise_partners)
+
+
+def findings(text: str) -> tuple[str, ...]:
+    """What the guard found in `text`, by name (e.g. "override", "persona", "chat_tokens"); empty when benign."""
+    shown = fold_text(text)
+    raw = fold_for_reading(text)
+    reading = _squeezed(raw)
+    found = markup_findings(reading, shown)
+    hidden = invisible(text)
+    if hidden.bidi_override:
+        found.add("bidi_override")
+    if hidden.smuggled:
+        found.add("smuggled_text")
+    closed = _squeezed(close_spacing(raw))
+    if hidden.zero_width_in_words or spaced_out(raw) or _MIXED_SCRIPT.search(text):
+        disguise_partners = _INSTRUCTIONAL
+    else:
+        disguise_partners = _AFTER_DISGUISE if _DISGUISED.search(text) else frozenset()
+    jailbreak_name = bool(_DAN.search(shown))
+    for variant in dict.fromkeys((reading, closed, unleet(closed))):
+        found |= _instructions(variant, disguise_partners, jailbreak_name)
+    for segment in hidden_segments(shown) + ([hidden.smuggled] if hidden.smuggled else []):
+        segment_reading = _squeezed(fold_for_reading(segment))
+        sentences = _sentence_features(segment_reading, jailbreak_name)
+        features = set().union(*sentences)
+        if (features & _INSTRUCTIONAL - _GENERIC or decide(sentences, frozenset())
+                or (features & _GENERIC and len(segment_reading.split()) >= 3)):
+            found.add("hidden_text")
+    return tuple(sorted(found))
+
+
 def injected(text: str) -> list[str]:
+    """The quarantine reasons `text` itself gives: injected_instructions, hidden_or_fake_markup."""
+    found = set(findings(text))
     reasons = []
-    if any(p.search(text) for p in _INSTRUCTIONS):
+    if found - _MARKUP_FINDINGS:
         reasons.append("injected_instructions")
-    if any(p.search(text) for p in _MARKUP):
+    if found & _MARKUP_FINDINGS:
         reasons.append("hidden_or_fake_markup")
     return reasons
 

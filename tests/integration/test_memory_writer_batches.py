@@ -194,6 +194,15 @@ async def test_a_registered_entity_schema_refuses_values_it_does_not_accept(writ
     assert error_detail(bad_schema.value).field == "schema"
 
 
+async def the_dead_letter(client: redis.asyncio.Redis, stream: str) -> dict:
+    """The fields of the one dead letter of `stream`, once it is there."""
+    with anyio.fail_after(30):
+        while not await client.xlen(dead_letter_stream(stream)):
+            await anyio.sleep(0.05)
+    (_, dead), = await client.xrange(dead_letter_stream(stream))
+    return dead
+
+
 def command(settings: Settings, request: memory_pb2.WriteMemoryRequest, tenant: str = "acme") -> dict:
     request.tenant.tenant_id = tenant
     return Envelope.wrap(request, event_type="memory.write_requested", tenant_id=tenant,
@@ -401,10 +410,7 @@ async def test_a_stream_command_with_a_nul_byte_is_dead_lettered_at_once_naming_
             setattr(request, name, value)
     try:
         await client.xadd(stream, command(writer, request))
-        with anyio.fail_after(30):
-            while not await client.xlen(dead_letter_stream(stream)):
-                await anyio.sleep(0.05)
-        (_, dead), = await client.xrange(dead_letter_stream(stream))
+        dead = await the_dead_letter(client, stream)
     finally:
         await client.aclose()
     reason = json.loads(dead[b"dead.reason"])
@@ -491,9 +497,7 @@ async def test_a_poison_command_is_dead_lettered_without_its_secrets_and_the_wri
         with anyio.fail_after(30):
             while not await rows(writer, "SELECT 1 FROM memories WHERE idempotency_key = 'after'"):
                 await anyio.sleep(0.05)
-            while not await client.xlen(dead_letter_stream(stream)):
-                await anyio.sleep(0.05)
-        (_, dead), = await client.xrange(dead_letter_stream(stream))
+        dead = await the_dead_letter(client, stream)
     finally:
         await client.aclose()
     reason = json.loads(dead[b"dead.reason"])

@@ -12,11 +12,11 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from libs.errors import Conflict
 from libs.eventstore import ANY_VERSION
-from services.memory_writer.domain import DomainEvent, MemoryRecord, Status
+from services.memory_writer.domain import DomainEvent, Layer, MemoryRecord, Source, Status, WriteMemory
 from services.orchestrator.domain import Session, SessionEvent, Versioned
 from services.retriever.adapters.memory import InMemoryDocuments
 from services.retriever.adapters.vectors import payload_of
@@ -24,12 +24,21 @@ from services.retriever.domain import SparseVector
 from services.tool_gateway.domain import ToolSpec
 
 __all__ = [
-    "FakeDocumentStore", "FakeRegistry", "FakeSessionRepository", "FakeUnitOfWork", "FakeVectorIndex",
-    "MemoryDatabase",
+    "NOW", "FakeDocumentStore", "FakeRegistry", "FakeSessionRepository", "FakeUnitOfWork", "FakeVectorIndex",
+    "MemoryDatabase", "a_write",
 ]
 
 
 # --- memory-writer ------------------------------------------------------------------------------------------
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def a_write(**changes) -> WriteMemory:
+    """A valid long-term write of user u1 of tenant acme, with `changes`."""
+    base = WriteMemory(tenant_id="acme", user_id="u1", session_id="s1", layer=Layer.LONG_TERM,
+                       source=Source.USER_STATEMENT, content="prefers tea over coffee")
+    return replace(base, **changes)
 
 
 @dataclass

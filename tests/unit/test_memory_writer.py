@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from fakes import FakeUnitOfWork, MemoryDatabase
+from fakes import NOW, FakeUnitOfWork, MemoryDatabase, a_write
 
 from libs.errors import Conflict, IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
 from services.memory_writer.domain import (
@@ -16,7 +15,6 @@ from services.memory_writer.domain import (
     MemoryForgotten,
     MemoryWritten,
     Source,
-    WriteMemory,
     new_memory,
 )
 from services.memory_writer.domain.policy import WritePolicy
@@ -35,13 +33,6 @@ from services.memory_writer.service_layer.handlers import (
     write_memory,
 )
 
-NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def a_write(**changes) -> WriteMemory:
-    base = WriteMemory(tenant_id="acme", user_id="u1", session_id="s1", layer=Layer.LONG_TERM,
-                       source=Source.USER_STATEMENT, content="prefers tea over coffee")
-    return replace(base, **changes)
 
 
 @pytest.fixture

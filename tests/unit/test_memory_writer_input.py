@@ -4,14 +4,12 @@ by its index, and text that shows nothing is refused whatever it is made of."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
-from fakes import FakeUnitOfWork, MemoryDatabase
+from fakes import NOW, FakeUnitOfWork, MemoryDatabase, a_write
 
 from libs.errors import ValidationFailed
-from services.memory_writer.domain import Layer, Source, Status, WriteMemory, new_memory
+from services.memory_writer.domain import Source, Status, new_memory
 from services.memory_writer.domain.entities import check_entity
 from services.memory_writer.service_layer.handlers import (
     ConfirmMemory,
@@ -29,13 +27,6 @@ from services.memory_writer.service_layer.handlers import (
     write_memory,
 )
 
-NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def a_write(**changes) -> WriteMemory:
-    base = WriteMemory(tenant_id="acme", user_id="u1", session_id="s1", layer=Layer.LONG_TERM,
-                       source=Source.USER_STATEMENT, content="prefers tea over coffee")
-    return replace(base, **changes)
 
 
 @pytest.fixture

@@ -29,8 +29,9 @@ from services.memory_writer.domain._guard_vocabulary import (
     any_of,
     gap,
 )
+from services.memory_writer.domain._regex_literals import gate_of
 
-__all__ = ["CLAUSE_FEATURES", "FEATURES"]
+__all__ = ["CLAUSE_FEATURES", "FEATURES", "GATES"]
 
 
 _WHOM = r"(?:the |any |all |every |each |an? )?"
@@ -286,6 +287,8 @@ def _split(alternatives: str | tuple[str, ...], at_clause: bool) -> str:
 # start where at least one of them matches, and captures every one that does (much cheaper than a
 # look-behind tried at every position of every pattern).
 FEATURES: dict[str, re.Pattern[str]] = {n: re.compile(p) for n, a in _FEATURES.items() if (p := _split(a, False))}
+# What text each feature cannot be found without (its scan is spared for text holding none of it).
+GATES: dict[str, re.Pattern[str] | None] = {n: gate_of(p) for n, p in FEATURES.items()}
 _CLAUSE_PARTS = {n: p for n, a in _FEATURES.items() if (p := _split(a, True))}
 CLAUSE_FEATURES = re.compile(
     r"(?:^|(?<=[\n.!?;:,\"'“”(\[【>。！？；：，、])|(?<= and )|(?<= then )) ?"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from services.memory_writer.domain import _guard_lexicon as lex
 from services.memory_writer.domain._guard_markup import ROLE_LINE, ROLE_TAG, hidden_segments, markup_findings
 from services.memory_writer.domain._guard_rules import decide, overrides
+from services.memory_writer.domain._regex_literals import may_match
 from services.memory_writer.domain.textfold import (
     close_spacing,
     fold_for_reading,
@@ -111,7 +112,7 @@ def _sentence_features(text: str, jailbreak_name: bool, every_feature: bool = Tr
         sentences[lo].add(name)
 
     for name, pattern in lex.FEATURES.items():
-        if name not in _PARTNERS:
+        if name not in _PARTNERS and may_match(lex.GATES[name], text):
             for m in pattern.finditer(text):
                 add(m.start(), name)
     for m in lex.CLAUSE_FEATURES.finditer(text):
@@ -129,8 +130,9 @@ def _sentence_features(text: str, jailbreak_name: bool, every_feature: bool = Tr
             add(m.start(), "unbound")
     if every_feature or any(sentences):
         for name in _PARTNERS:
-            for m in lex.FEATURES[name].finditer(text):
-                add(m.start(), name)
+            if may_match(lex.GATES[name], text):
+                for m in lex.FEATURES[name].finditer(text):
+                    add(m.start(), name)
     return sentences
 
 

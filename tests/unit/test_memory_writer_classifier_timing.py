@@ -33,6 +33,7 @@ ADVERSARIAL = {
     "password and spaces": lambda n: around("password", " ", "x", n),
     "密码 and spaces": lambda n: around("密码", " ", "x", n),
     "unclosed comments": lambda n: repeated("<!--", n),
+    "token starts after dashes": lambda n: repeated("eyJ-", n),
     "dotted local part without @": lambda n: repeated("a.", n),
     "at signs": lambda n: repeated("a@", n),
     "one long word": lambda n: repeated("a", n),

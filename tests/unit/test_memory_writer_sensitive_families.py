@@ -166,3 +166,16 @@ def test_the_detector_keeps_its_precision_and_recall_on_each_set(name: str) -> N
     precision, recall = tp / (tp + fp), tp / (tp + fn)
     print(f"{name}: precision {precision:.3f}, recall {recall:.3f}")
     assert precision >= 0.95 and recall >= 0.95
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("key sk-proj-AbCdEfGhIjKlMnOpQ\u0301rStUvWx1234 x", "rStUvWx1234"),  # a combining mark inside a key
+    ("aws AKIAIOSF\u034fODNN7EXAMPLE x", "ODNN7EXAMPLE"),  # the invisible combining grapheme joiner
+    ("card 4111 1111 1111 111\u034f1 ok", "4111"),
+    ("db postgres://admin:S3cr3t@Pass99@db.example.com/x", "Pass99"),  # a password holding "@"
+    ("redis://:p@ssw0rd99@cache:6379", "ssw0rd99"),
+])
+def test_invisible_marks_inside_a_secret_and_an_at_sign_in_a_url_password_hide_no_part_of_it(
+        text: str, secret: str) -> None:
+    found = find_sensitive("", text)
+    assert found is not None and secret not in found.redacted, found

@@ -22,7 +22,7 @@ Span = tuple[int, int, str]
 _I = re.IGNORECASE
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
-_URL_SECRET = re.compile(r"\b[a-z][a-z0-9+.\-]{1,20}://[^\s:/@]{0,256}:([^\s/@]{1,256})@", _I)
+_URL_SECRET = re.compile(r"\b[a-z][a-z0-9+.\-]{1,20}://[^\s:/@]{0,256}:([^\s/]{1,256})@", _I)  # to the last @
 _VENDOR_KEYS = re.compile(
     r"\bsk-(?:proj-|live-|test-|ant-(?:api\d\d-)?|svcacct-)?[A-Za-z0-9_\-]{16,}"
     r"|\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bgh[pousr]_[A-Za-z0-9]{30,}"
@@ -30,7 +30,7 @@ _VENDOR_KEYS = re.compile(
     r"|\bAIza[0-9A-Za-z_\-]{35}|\bya29\.[0-9A-Za-z_\-]{20,}|\bGOCSPX-[A-Za-z0-9_\-]{20,}|\bglpat-[A-Za-z0-9_\-]{20,}"
     r"|\bnpm_[A-Za-z0-9]{36}\b|\bhf_[A-Za-z0-9]{30,}|\bpypi-[A-Za-z0-9_\-]{50,}|\bLTAI[0-9A-Za-z]{12,20}\b"
     r"|\bAKID[0-9A-Za-z]{13,32}\b|\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"
-    r"|\beyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{5,}"
+    r"|(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{10,}+\.[A-Za-z0-9_\-]{10,}+\.[A-Za-z0-9_\-]{5,}"
     r"|\bhttps://hooks\.slack\.com/services/[A-Za-z0-9/_\-]{20,}"
     r"|\bhttps://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d{5,}/[A-Za-z0-9_\-]{20,}")
 _ASSIGNED_KEY = re.compile(r"\b(?:AccountKey|SharedAccessKey|SharedAccessSignature|sig|client_secret|"

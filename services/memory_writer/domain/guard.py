@@ -51,7 +51,8 @@ _MARKUP_FINDINGS = frozenset({"chat_tokens", "role_markup", "transcript", "fake_
 # Sentence ends; after NFKC a Chinese "！？；" is ASCII, and ends a sentence when Chinese follows it.
 _BOUNDARY = re.compile(r"[.!?;](?=\s)|[!?;](?=[^\x00-\x7f])|[。！？；\n]")
 _WORDS = re.compile(r"[a-z]{2}|[\u3400-\u9fff]")
-_SPACES = re.compile(r"[ \t\f\v]+")
+_SPACES = re.compile(r"[ \t]+")
+_LINE_BREAKS = re.compile(r"\r\n|[\r\v\f\x1c-\x1e\x85\u2028\u2029]")  # each a line end, as a reader sees it
 _MIXED_SCRIPT = re.compile(r"[A-Za-z][\u0370-\u03ff\u0400-\u04ff]|[\u0370-\u03ff\u0400-\u04ff][A-Za-z]")
 _DISGUISED = re.compile(r"[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]")  # full-width, math
 _DAN = re.compile(r"(?<![A-Za-z])DAN(?![A-Za-z])")  # the jailbreak persona, upper case (Dan is a name)
@@ -92,7 +93,7 @@ class Verdict:
 
 
 def _squeezed(text: str) -> str:
-    return _SPACES.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return _SPACES.sub(" ", _LINE_BREAKS.sub("\n", text))
 
 
 def _sentence_features(text: str, jailbreak_name: bool, every_feature: bool = True) -> list[set[str]]:

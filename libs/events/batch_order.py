@@ -114,8 +114,8 @@ class KeyOrder:
                    .xpending_range(self.key, self.group, min=ids[0], max=ids[-1], count=most,
                                    consumername=self.consumer)}
         for entry_id in ids:
-            if entry_id not in pending:
-                del self.retrying[entry_id]
+            if entry_id not in pending:  # (a batch that ended meanwhile may have settled it already)
+                self.retrying.pop(entry_id, None)
             elif pending[entry_id] >= self.bus.min_idle_ms:
                 self.reclaim_now = True
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -97,15 +98,18 @@ async def test_an_imported_wsdl_is_listed_and_called_through_the_gateway_by_an_m
         assert customer["referrer"]["name"] == "Ada Lovelace"
         fault = await client.call_tool("billing.get_customer", {"customer_id": 9})
         invalid = await client.call_tool("billing.find_customers", {"status": "gone"})
-    error = fault.structured_content
-    assert fault.is_error and error["error_type"] == "backend_fault" and error["retryable"] is False
+    # A tool with an output schema answers its errors as JSON text only (clients check structured content
+    # against the schema even on errors).
+    error = json.loads(fault.content[0].text)
+    assert fault.is_error and fault.structured_content is None
+    assert error["error_type"] == "backend_fault" and error["retryable"] is False
     assert "CustomerNotFound" in error["reason"] and "no customer 9" in error["reason"] and error["hint"]
     # The SOAP fault itself is kept beside the structured error: its code and detail.
     assert error["fault"]["code"].endswith("Client.CustomerNotFound")
     assert error["fault"]["declared"] == "CustomerNotFound" and error["fault"]["detail"] == {"customer_id": "9"}
     # The gateway validates against the schema the adapter generated, before any SOAP call.
-    assert invalid.is_error and invalid.structured_content["error_type"] == "validation"
-    assert invalid.structured_content["field"] == "arguments/status"
+    refusal = json.loads(invalid.content[0].text)
+    assert invalid.is_error and (refusal["error_type"], refusal["field"]) == ("validation", "arguments/status")
 
 
 async def test_grpc_call_tool_reaches_the_soap_service_and_a_fault_keeps_its_structure(

@@ -13,7 +13,7 @@ from enum import IntEnum
 from libs.errors import ValidationFailed
 from libs.validation import check_content, check_tenant_id, shows_something
 from services.memory_writer.domain.entities import check_entity
-from services.memory_writer.domain.sensitive import find_sensitive
+from services.memory_writer.domain.sensitive import find_sensitive, redact, redacted_tree
 
 __all__ = ["Confidence", "Layer", "MemoryRecord", "Source", "Status", "WriteMemory", "WriteResult", "WriteStatus",
            "new_memory"]
@@ -196,31 +196,12 @@ def _check_tags(tags: tuple[str, ...]) -> None:
                                    field=f"tags[{i}]", hint="shorten the tag")
 
 
-def _redacted_text(text: str, key: str, contacts: bool) -> str:
-    finding = find_sensitive(key, text, contacts=contacts)
-    return text if finding is None else finding.redacted
-
-
-def _redacted(value: object, key: str, contacts: bool) -> object:
-    """`value` (under attribute `key`) with sensitive values redacted: a text under a key such as `password`
-    whole, and all below such a key."""
-    if isinstance(value, str):
-        return _redacted_text(value, key, contacts)
-    if isinstance(value, list | tuple):
-        return [_redacted(item, key, contacts) for item in value]
-    if isinstance(value, dict):
-        secret_above = bool(key) and find_sensitive(key, "-", contacts=contacts) is not None
-        return {_redacted_text(name, "", contacts): _redacted(item, key if secret_above else name, contacts)
-                for name, item in value.items()}
-    return value
-
-
 def _without_secrets(cmd: WriteMemory, contacts: bool) -> tuple[tuple[str, ...], dict]:
     """The tags and attributes to store. They are stored as sent (searches filter by them), so a sensitive value
     there (contacts, where the tenant seals them) is redacted as in content (`[sensitive:<kind>]`), never kept:
     content is where such a value goes, sealed."""
-    tags = tuple(_redacted_text(tag, "", contacts) for tag in cmd.tags)
-    return tags, _redacted(dict(cmd.attributes), "", contacts)
+    tags = tuple(redact(tag, contacts=contacts) for tag in cmd.tags)
+    return tags, redacted_tree(dict(cmd.attributes), contacts=contacts)
 
 
 def new_memory(cmd: WriteMemory, now: datetime | None = None, schema: dict | None = None, *,

@@ -18,7 +18,7 @@ from services.memory_writer.domain._identifiers import identity_numbers
 from services.memory_writer.domain._secrets import credentials
 from services.memory_writer.domain.textfold import fold
 
-__all__ = ["Finding", "find_sensitive", "marker"]
+__all__ = ["Finding", "find_sensitive", "marker", "redact", "redacted_tree"]
 
 _KEY_KINDS = {
     "password": "password", "passwd": "password", "pwd": "password", "pin": "password", "passcode": "password",
@@ -56,6 +56,26 @@ def _kind_of_key(key: str, contacts: bool) -> str:
     if "password" in last.lower() or last.lower().endswith(("_api_key", "_access_key", "_private_key")):
         return "password" if "password" in last.lower() else "secret"
     return _CONTACT_KEYS.get(last.lower(), "") if contacts else ""
+
+
+def redact(text: str, key: str = "", *, contacts: bool = False) -> str:
+    """`text` with each sensitive value replaced by its marker (all of it under a key such as `password`)."""
+    finding = find_sensitive(key, text, contacts=contacts)
+    return text if finding is None else finding.redacted
+
+
+def redacted_tree(value: object, key: str = "", *, contacts: bool = False) -> object:
+    """JSON-like `value` (under `key`) with every text redacted: a text under a key that names a secret whole, and
+    everything below such a key; an object's names too. Lists and tuples come back as lists."""
+    if isinstance(value, str):
+        return redact(value, key, contacts=contacts)
+    if isinstance(value, list | tuple):
+        return [redacted_tree(item, key, contacts=contacts) for item in value]
+    if isinstance(value, dict):
+        secret_above = bool(key) and bool(_kind_of_key(key, contacts))
+        return {redact(name, contacts=contacts): redacted_tree(item, key if secret_above else name, contacts=contacts)
+                for name, item in value.items()}
+    return value
 
 
 def find_sensitive(key: str, content: str, *, contacts: bool = False) -> Finding | None:

@@ -24,8 +24,10 @@ _LOOK_ALIKES = str.maketrans(
     "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧαεικνορτυχɑɡıℓ",
     "ABESIJKMHOPCTXYaeijopocxysdqwhl"
     "ABEZHIKMNOPTYXaeikvoptuxagil")
-_ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d"
-                       "\u180f\u2800\u3164\uffa0")
+# Invisible, yet not format characters: the combining grapheme joiner, Hangul fillers, Khmer and Mongolian
+# invisible marks, the braille blank.
+_BLANK_MARKS = "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u2800\u3164\uffa0"
+_ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e" + _BLANK_MARKS)
 _BIDI_OVERRIDES = frozenset("\u202d\u202e")  # left-to-right / right-to-left override: text shown reversed
 _TAG_FIRST, _TAG_LAST = 0xE0000, 0xE007F  # invisible "tag" characters, each mirroring an ASCII one
 _BLACK_FLAG = "\U0001f3f4"  # tag characters after it spell a regional flag (🏴 + "gbsct"): legitimate
@@ -51,11 +53,7 @@ class Folded:
 _INVISIBLE = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
                         "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                         "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001-\U000e007f"
-                        "\ufe00-\ufe0f\U000e0100-\U000e01ef"
-                        # and the other default-ignorable or blank ones, not format characters but as invisible:
-                        # the combining grapheme joiner, Hangul fillers, Khmer and Mongolian invisible marks,
-                        # the braille blank
-                        "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\uffa0]")
+                        "\ufe00-\ufe0f\U000e0100-\U000e01ef" + _BLANK_MARKS + "]")
 
 
 def _dropped(ch: str) -> bool:

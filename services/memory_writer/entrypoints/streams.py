@@ -19,7 +19,7 @@ from libs.events.envelope import ENVELOPE_FIELDS
 from services.memory_writer.adapters.mapping import command_from_proto
 from services.memory_writer.domain import WriteMemory
 from services.memory_writer.domain.policy import DEFAULT_POLICY, WritePolicy
-from services.memory_writer.domain.sensitive import find_sensitive
+from services.memory_writer.domain.sensitive import redact, redacted_tree
 from services.memory_writer.service_layer import handlers, upkeep
 from services.memory_writer.service_layer.unit_of_work import UnitOfWork
 
@@ -93,7 +93,7 @@ def scrub_command(fields: dict[str, str]) -> dict[str, str]:
         if not isinstance(payload, dict):
             raise ValueError("not an object")
         scrubbed = {name: _tenant_ids(value) if name == "tenant" else
-                    _scrubbed(value, str(payload.get("key", "")) if name == "content" else name)
+                    redacted_tree(value, str(payload.get("key", "")) if name == "content" else name, contacts=True)
                     for name, value in payload.items()}
         text = json.dumps(scrubbed, ensure_ascii=False)
     except (ValueError, RecursionError) as exc:
@@ -104,8 +104,7 @@ def scrub_command(fields: dict[str, str]) -> dict[str, str]:
 def scrub_reason(text: str) -> str:
     """A dead letter's reason (and the log line of it) with sensitive values redacted: a parser's message may
     quote what was sent."""
-    finding = find_sensitive("", text, contacts=True)
-    return text if finding is None else finding.redacted
+    return redact(text, contacts=True)
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -121,17 +120,3 @@ def _tenant_ids(tenant: object) -> object:
     if not isinstance(tenant, dict):
         return NOT_KEPT
     return {name: tenant[name] for name in ("tenantId", "userId", "sessionId") if isinstance(tenant.get(name), str)}
-
-
-def _scrubbed(value: object, key: str) -> object:
-    """`value` with sensitive text redacted; a text under `key` (the memory's key for content, an attribute's
-    own name, or the nearest such name above it that names a secret) is all sensitive when the key names one."""
-    if isinstance(value, str):
-        finding = find_sensitive(key, value, contacts=True)
-        return value if finding is None else finding.redacted
-    if isinstance(value, list):
-        return [_scrubbed(item, key) for item in value]
-    if isinstance(value, dict):
-        secret_above = bool(key) and find_sensitive(key, "-", contacts=True) is not None
-        return {_scrubbed(name, ""): _scrubbed(item, key if secret_above else name) for name, item in value.items()}
-    return value
